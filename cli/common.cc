@@ -1,0 +1,60 @@
+#include "cli/common.h"
+
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "cli/cli.h"
+#include "proto/signing.h"
+
+namespace capsule::cli {
+
+void PrintError(const Status& status) { std::cerr << "capsule: " << status.message() << "\n"; }
+
+int ExitCodeForReadError(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kDataLoss:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kUnauthenticated:
+    case StatusCode::kInvalidArgument:
+      return kExitInvalid;
+    default:
+      return kExitError;
+  }
+}
+
+StatusOr<ReadOptions> MakeReadOptions(const std::vector<std::string>& pubkeys,
+                                      bool allow_unsigned) {
+  ReadOptions options;
+  options.allow_unsigned = allow_unsigned;
+  for (const std::string& path : pubkeys) {
+    CAPSULE_ASSIGN_OR_RETURN(PublicKey key, LoadPublicKeyFile(path));
+    options.trusted_keys.push_back(std::move(key));
+  }
+  return options;
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  char buf[32];
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
+  } else if (bytes < 1024 * 1024) {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", bytes / 1024.0);
+  } else if (bytes < 1024ull * 1024 * 1024) {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", bytes / (1024.0 * 1024));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  }
+  return buf;
+}
+
+std::string FormatUnixMicros(int64_t micros) {
+  const std::time_t secs = static_cast<std::time_t>(micros / 1000000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace capsule::cli

@@ -1,0 +1,31 @@
+// Helpers shared by the subcommands: trusted-key loading, status-to-exit mapping, error printing.
+// Internal to the CLI.
+#ifndef CAPSULE_CLI_COMMON_H_
+#define CAPSULE_CLI_COMMON_H_
+
+#include <string>
+#include <vector>
+
+#include "proto/capsule_reader.h"
+#include "proto/status.h"
+
+namespace capsule::cli {
+
+// Prints "capsule: <message>" to stderr.
+void PrintError(const Status& status);
+
+// 1 for a capsule judged invalid (corrupt, truncated, unsigned, untrusted, not a capsule),
+// 2 for anything that stopped us from judging (missing file, permissions, limits, newer format).
+int ExitCodeForReadError(const Status& status);
+
+// ReadOptions trusting the given public key files.
+StatusOr<ReadOptions> MakeReadOptions(const std::vector<std::string>& pubkeys, bool allow_unsigned);
+
+// "1.2 MiB", "512 B".
+std::string HumanBytes(uint64_t bytes);
+// RFC 3339 UTC with seconds, from microseconds since the epoch.
+std::string FormatUnixMicros(int64_t micros);
+
+}  // namespace capsule::cli
+
+#endif  // CAPSULE_CLI_COMMON_H_

@@ -1,0 +1,49 @@
+#include "proto/capsule_reader.h"
+
+#include "proto/capsule.pb.h"
+#include "proto/file_util.h"
+#include "proto/internal/zstd_codec.h"
+#include "proto/validate.h"
+
+namespace capsule {
+
+DecodedCapsule::DecodedCapsule() = default;
+DecodedCapsule::~DecodedCapsule() = default;
+DecodedCapsule::DecodedCapsule(DecodedCapsule&&) noexcept = default;
+DecodedCapsule& DecodedCapsule::operator=(DecodedCapsule&&) noexcept = default;
+
+StatusOr<DecodedCapsule> DecodeCapsule(std::string_view bytes, const ReadOptions& options) {
+  OpenOptions open;
+  open.trusted_keys = options.trusted_keys;
+  open.allow_unsigned = options.allow_unsigned;
+  open.allow_untrusted = options.allow_untrusted;
+  CAPSULE_ASSIGN_OR_RETURN(OpenedEnvelope env, OpenEnvelope(bytes, open));
+
+  CAPSULE_ASSIGN_OR_RETURN(
+      std::string serialized,
+      internal::ZstdDecompress(env.payload, env.info.header.uncompressed_size,
+                               options.max_uncompressed_bytes));
+  DecodedCapsule out;
+  out.envelope = env.info;
+  out.capsule = std::make_unique<v1::Capsule>();
+  if (!out.capsule->ParseFromString(serialized)) {
+    return DataLossError("corrupt payload (not a capsule.v1.Capsule message)");
+  }
+  if (options.validate) {
+    ValidateOptions vopts;
+    vopts.verify_tensor_digests = options.verify_tensor_digests;
+    Status s = ValidateCapsule(*out.capsule, vopts);
+    if (!s.ok()) return s.WithContext("invalid capsule content");
+  }
+  return out;
+}
+
+StatusOr<DecodedCapsule> ReadCapsuleFile(const std::string& path, const ReadOptions& options) {
+  auto bytes = ReadFileBytes(path, options.max_file_bytes);
+  if (!bytes.ok()) return bytes.status();
+  auto decoded = DecodeCapsule(*bytes, options);
+  if (!decoded.ok()) return decoded.status().WithContext(path);
+  return decoded;
+}
+
+}  // namespace capsule

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian (bookworm) package capsule needs to build, test, fuzz and benchmark.
+# Idempotent: a no-op when everything is present; runs `apt-get update` at most once.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libprotobuf-dev protobuf-compiler          # the capsule schema; protoc is also the stock decoder
+  libzstd-dev zstd                           # payload codec; zstd(1) for the stock-tools interop test
+  libssl-dev openssl                         # Ed25519 + SHA-256; openssl(1) for the interop test
+  libcli11-dev                               # the command line
+  libgtest-dev libgmock-dev libbenchmark-dev # tests and bench/
+  libtorch-dev                               # capture/ and replay/ (LibTorch 1.13, CPU)
+  libopenblas0-pthread                       # makes LibTorch's BLAS fast (the reference BLAS is ~6x slower)
+  clang-14 libclang-rt-14-dev                # libFuzzer, ASan, UBSan
+  xxd                                        # byte surgery in the stock-tools interop test
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "setup-deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

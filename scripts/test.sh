@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test command: installs the Debian packages (scripts/setup-deps.sh), configures, builds and
+# runs every test with ctest. Exits non-zero on any failure.
+#   scripts/test.sh            # build dir: build/
+#   BUILD_DIR=out scripts/test.sh
+#   CAPSULE_WITH_TORCH=OFF scripts/test.sh   # the format layer alone, without LibTorch
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+with_torch=${CAPSULE_WITH_TORCH:-ON}
+jobs=${JOBS:-$(nproc)}
+
+"$root/scripts/setup-deps.sh"
+
+generator=()
+if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCAPSULE_WITH_TORCH="$with_torch" -DCAPSULE_BUILD_TESTS=ON -DCAPSULE_BUILD_BENCH=ON
+cmake --build "$build" -j "$jobs"
+cd "$build"
+ctest --output-on-failure -j "$jobs" --timeout 1500
