@@ -1,5 +1,9 @@
 #include "proto/capsule_reader.h"
 
+#include <algorithm>
+#include <climits>
+#include <new>
+
 #include "proto/capsule.pb.h"
 #include "proto/file_util.h"
 #include "proto/internal/zstd_codec.h"
@@ -19,14 +23,23 @@ StatusOr<DecodedCapsule> DecodeCapsule(std::string_view bytes, const ReadOptions
   open.allow_untrusted = options.allow_untrusted;
   CAPSULE_ASSIGN_OR_RETURN(OpenedEnvelope env, OpenEnvelope(bytes, open));
 
-  CAPSULE_ASSIGN_OR_RETURN(
-      std::string serialized,
-      internal::ZstdDecompress(env.payload, env.info.header.uncompressed_size,
-                               options.max_uncompressed_bytes));
+  const uint64_t size = env.info.header.uncompressed_size;
+  CAPSULE_RETURN_IF_ERROR(
+      internal::ZstdCheckFrame(env.payload, size, options.max_uncompressed_bytes));
+  if (size > uint64_t{INT_MAX}) {
+    return ResourceExhaustedError("payload of " + std::to_string(size) +
+                                  " bytes is over protobuf's 2 GiB message limit");
+  }
+  // Uninitialised on purpose: zstd writes every byte, and a zero-fill pass would cost as much as
+  // the decompression of incompressible tensor data.
+  std::unique_ptr<char[]> serialized(new (std::nothrow) char[size == 0 ? 1 : size]);
+  if (!serialized) return ResourceExhaustedError("cannot allocate " + std::to_string(size) + " bytes");
+  CAPSULE_RETURN_IF_ERROR(internal::ZstdDecompressInto(env.payload, serialized.get(), size,
+                                                       options.max_uncompressed_bytes));
   DecodedCapsule out;
   out.envelope = env.info;
   out.capsule = std::make_unique<v1::Capsule>();
-  if (!out.capsule->ParseFromString(serialized)) {
+  if (!out.capsule->ParseFromArray(serialized.get(), static_cast<int>(size))) {
     return DataLossError("corrupt payload (not a capsule.v1.Capsule message)");
   }
   if (options.validate) {

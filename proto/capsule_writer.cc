@@ -1,6 +1,9 @@
 #include "proto/capsule_writer.h"
 
 #include <cctype>
+#include <climits>
+#include <memory>
+#include <new>
 
 #include "proto/capsule.pb.h"
 #include "proto/envelope.h"
@@ -11,6 +14,8 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
+#include "proto/envelope_format.h"
+
 namespace capsule {
 
 StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptions& options) {
@@ -18,25 +23,44 @@ StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptio
     Status s = ValidateCapsule(capsule);
     if (!s.ok()) return s.WithContext("refusing to write an invalid capsule");
   }
-  std::string serialized;
+  // Serialize into an exact-size buffer and compress straight into the output: a capsule can
+  // carry hundreds of MiB of tensors, and each extra copy costs as much as the compression.
+  const size_t size = capsule.ByteSizeLong();
+  if (size > static_cast<size_t>(INT_MAX)) {
+    return ResourceExhaustedError("capsule of " + std::to_string(size) +
+                                  " bytes is over protobuf's 2 GiB message limit; embed fewer "
+                                  "tensors (weight policy) or lower the size cap");
+  }
+  std::unique_ptr<char[]> serialized(new (std::nothrow) char[size == 0 ? 1 : size]);
+  if (!serialized) return ResourceExhaustedError("cannot allocate " + std::to_string(size) + " bytes");
   {
     // Deterministic serialization orders map entries; without it two encodes of one message can
     // differ, and byte-identical re-encoding is a format promise.
-    google::protobuf::io::StringOutputStream stream(&serialized);
+    google::protobuf::io::ArrayOutputStream stream(serialized.get(), static_cast<int>(size));
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
-    if (!capsule.SerializeToCodedStream(&coded)) {
-      return InternalError("cannot serialize the capsule (over 2 GiB?)");
+    capsule.SerializeWithCachedSizes(&coded);
+    if (coded.HadError() || static_cast<size_t>(coded.ByteCount()) != size) {
+      return InternalError("cannot serialize the capsule");
     }
   }
   internal::CompressOptions copts;
   copts.level = options.compression_level;
   copts.workers = options.compression_workers;
-  CAPSULE_ASSIGN_OR_RETURN(std::string frame, internal::ZstdCompress(serialized, copts));
+  const size_t bound = internal::ZstdCompressBound(size);
+  std::string out;
+  out.reserve(kHeaderSizeV1 + bound + kTrailerFixedSize + kEd25519SignatureSize);
+  out.resize(kHeaderSizeV1 + bound);
+  CAPSULE_ASSIGN_OR_RETURN(
+      size_t frame_size,
+      internal::ZstdCompressInto(std::string_view(serialized.get(), size), &out[kHeaderSizeV1],
+                                 bound, copts));
+  out.resize(kHeaderSizeV1 + frame_size);
   SealOptions seal;
   seal.signing_key = options.signing_key;
   seal.optional_flags = options.optional_flags;
-  return SealEnvelope(frame, serialized.size(), seal);
+  CAPSULE_RETURN_IF_ERROR(SealEnvelopeInPlace(&out, size, seal));
+  return out;
 }
 
 Status WriteCapsuleFile(const std::string& path, const v1::Capsule& capsule,

@@ -50,21 +50,25 @@ std::string SignedMessage(std::string_view header_bytes, std::string_view payloa
   return m;
 }
 
-StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompressed_size,
-                                   const SealOptions& options) {
-  std::string out(kHeaderSizeV1, '\0');
+Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
+                           const SealOptions& options) {
+  if (buffer->size() < kHeaderSizeV1) return InternalError("seal: no room for the header");
+  std::string& out = *buffer;
+  const uint64_t payload_size = out.size() - kHeaderSizeV1;
   std::memcpy(out.data(), kMagic.data(), kMagicSize);
   StoreLe16(&out[kOffMajor], options.major);
   StoreLe16(&out[kOffMinor], options.minor);
   StoreLe32(&out[kOffHeaderSize], kHeaderSizeV1);
   StoreLe32(&out[kOffRequiredFlags], options.required_flags);
   StoreLe32(&out[kOffOptionalFlags], options.optional_flags);
-  StoreLe64(&out[kOffPayloadSize], payload.size());
+  StoreLe64(&out[kOffPayloadSize], payload_size);
   StoreLe64(&out[kOffUncompressedSize], uncompressed_size);
   StoreLe32(&out[kOffPayloadCodec], kPayloadCodecZstd);
   StoreLe32(&out[kOffHeaderReserved], 0);
 
-  const std::string message = SignedMessage(out, payload);
+  const std::string_view view(out);
+  const std::string message =
+      SignedMessage(view.substr(0, kHeaderSizeV1), view.substr(kHeaderSizeV1));
   std::string key_id(kSha256Size, '\0');
   std::string signature;
   uint16_t alg = kSigAlgNone;
@@ -75,13 +79,11 @@ StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompress
     alg = kSigAlgEd25519;
   }
   const uint32_t trailer_size = static_cast<uint32_t>(kTrailerFixedSize + signature.size());
-
-  out.reserve(out.size() + payload.size() + trailer_size);
-  out.append(payload);
   char fixed[8];
   StoreLe16(fixed, alg);
   StoreLe16(fixed + 2, static_cast<uint16_t>(signature.size()));
   StoreLe32(fixed + 4, 0);
+  out.reserve(out.size() + trailer_size);
   out.append(fixed, sizeof(fixed));
   out.append(key_id);
   out.append(Sha256(message));
@@ -90,6 +92,16 @@ StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompress
   StoreLe32(tail, trailer_size);
   out.append(tail, sizeof(tail));
   out.append(kEndMagic);
+  return Status::Ok();
+}
+
+StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompressed_size,
+                                   const SealOptions& options) {
+  std::string out;
+  out.reserve(kHeaderSizeV1 + payload.size() + kTrailerFixedSize + kEd25519SignatureSize);
+  out.resize(kHeaderSizeV1);
+  out.append(payload);
+  CAPSULE_RETURN_IF_ERROR(SealEnvelopeInPlace(&out, uncompressed_size, options));
   return out;
 }
 

@@ -66,6 +66,11 @@ struct SealOptions {
 StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompressed_size,
                                    const SealOptions& options);
 
+// The same without copying the payload: `buffer` holds kHeaderSizeV1 bytes of room followed by
+// exactly the payload; the header is written in place and the trailer appended.
+Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
+                           const SealOptions& options);
+
 struct OpenOptions {
   // Public keys whose signatures are accepted.
   std::vector<PublicKey> trusted_keys;

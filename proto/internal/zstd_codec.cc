@@ -18,7 +18,10 @@ std::string ZstdError(size_t code) { return ZSTD_getErrorName(code); }
 
 }  // namespace
 
-StatusOr<std::string> ZstdCompress(std::string_view data, const CompressOptions& options) {
+size_t ZstdCompressBound(size_t size) { return ZSTD_compressBound(size); }
+
+StatusOr<size_t> ZstdCompressInto(std::string_view data, char* out, size_t capacity,
+                                  const CompressOptions& options) {
   std::unique_ptr<ZSTD_CCtx, CCtxDeleter> cctx(ZSTD_createCCtx());
   if (!cctx) return ResourceExhaustedError("zstd: cannot allocate a compression context");
   size_t rc = ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, options.level);
@@ -29,11 +32,15 @@ StatusOr<std::string> ZstdCompress(std::string_view data, const CompressOptions&
     ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_nbWorkers, options.workers);
   }
   if (ZSTD_isError(rc)) return InvalidArgumentError("zstd: " + ZstdError(rc));
-
-  std::string out(ZSTD_compressBound(data.size()), '\0');
   // compress2 writes the content size into the frame header since the whole input is known.
-  const size_t n = ZSTD_compress2(cctx.get(), out.data(), out.size(), data.data(), data.size());
+  const size_t n = ZSTD_compress2(cctx.get(), out, capacity, data.data(), data.size());
   if (ZSTD_isError(n)) return InternalError("zstd: compression failed: " + ZstdError(n));
+  return n;
+}
+
+StatusOr<std::string> ZstdCompress(std::string_view data, const CompressOptions& options) {
+  std::string out(ZstdCompressBound(data.size()), '\0');
+  CAPSULE_ASSIGN_OR_RETURN(size_t n, ZstdCompressInto(data, out.data(), out.size(), options));
   out.resize(n);
   return out;
 }
@@ -59,8 +66,7 @@ StatusOr<FrameInfo> ZstdFrameInfo(std::string_view frame) {
   return info;
 }
 
-StatusOr<std::string> ZstdDecompress(std::string_view frame, uint64_t expected_size,
-                                     uint64_t max_size) {
+Status ZstdCheckFrame(std::string_view frame, uint64_t expected_size, uint64_t max_size) {
   if (expected_size > max_size) {
     return ResourceExhaustedError("payload declares " + std::to_string(expected_size) +
                                   " bytes uncompressed, over the limit of " +
@@ -75,13 +81,25 @@ StatusOr<std::string> ZstdDecompress(std::string_view frame, uint64_t expected_s
   if (info.compressed_size != frame.size()) {
     return DataLossError("payload holds bytes after its zstd frame");
   }
+  return Status::Ok();
+}
+
+Status ZstdDecompressInto(std::string_view frame, char* out, uint64_t expected_size,
+                          uint64_t max_size) {
+  CAPSULE_RETURN_IF_ERROR(ZstdCheckFrame(frame, expected_size, max_size));
   std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx(ZSTD_createDCtx());
   if (!dctx) return ResourceExhaustedError("zstd: cannot allocate a decompression context");
-  std::string out(expected_size, '\0');
-  const size_t n =
-      ZSTD_decompressDCtx(dctx.get(), out.data(), out.size(), frame.data(), frame.size());
+  const size_t n = ZSTD_decompressDCtx(dctx.get(), out, expected_size, frame.data(), frame.size());
   if (ZSTD_isError(n)) return DataLossError("corrupt payload: zstd: " + ZstdError(n));
   if (n != expected_size) return DataLossError("zstd frame decompressed to the wrong size");
+  return Status::Ok();
+}
+
+StatusOr<std::string> ZstdDecompress(std::string_view frame, uint64_t expected_size,
+                                     uint64_t max_size) {
+  CAPSULE_RETURN_IF_ERROR(ZstdCheckFrame(frame, expected_size, max_size));
+  std::string out(expected_size, '\0');
+  CAPSULE_RETURN_IF_ERROR(ZstdDecompressInto(frame, out.data(), expected_size, max_size));
   return out;
 }
 
