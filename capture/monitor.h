@@ -1,0 +1,234 @@
+// Monitor: the trainer-side hook. It watches each step's scalars and, when a step goes wrong
+// (non-finite loss or gradients, a loss or grad-norm spike, an exception, or on request), writes
+// one signed capsule describing that step — and training goes on.
+//
+// Armed, it costs a few scalar checks per step plus a cheap snapshot at BeginStep (RNG states, the
+// data cursor and a copy of the batch's index tensors). Only when a trigger fires does it do real
+// work: it re-runs the failing step from the snapshot through the model's LayerSequence (same RNG,
+// batch and thread count) with per-layer instrumentation, records whether the re-run reproduces
+// the trigger, and writes the capsule atomically. The trainer's parameters, gradients and RNG
+// states are left exactly as they were. Nothing in here throws or aborts: a failed capture (no
+// key, unwritable directory, full disk, a model that throws) is reported in the StepReport and
+// the log, and the trainer carries on.
+//
+//   capsule::Monitor monitor(options);
+//   monitor.AttachModel(&model, capsule::PathKind::kOptimized);
+//   for (...) {
+//     monitor.BeginStep(step, cursor, batch);
+//     ... forward, backward ...
+//     capsule::StepReport r = monitor.EndStep({.loss = loss, .grad_norm = gn, .learning_rate = lr});
+//     if (r.triggered) std::cerr << r.summary << "\n";
+//     optimizer.step();
+//   }
+//
+// Thread safety: a Monitor is used from the training thread only.
+#ifndef CAPSULE_CAPTURE_MONITOR_H_
+#define CAPSULE_CAPTURE_MONITOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "capture/layer_sequence.h"
+#include "capture/model.h"
+#include "capture/rng_state.h"
+#include "proto/signing.h"
+#include "proto/status.h"
+
+namespace capsule {
+
+enum class WeightPolicy { kAll = 1, kAnomalousLayer = 2, kNone = 3 };  // = capsule.v1.WeightPolicy
+
+// capsule.v1.TriggerKind values.
+enum class TriggerKind {
+  kNone = 0,
+  kNonFiniteLoss = 1,
+  kLossSpike = 2,
+  kGradNormSpike = 3,
+  kNonFiniteGrad = 4,
+  kManual = 5,
+  kException = 6,
+};
+const char* TriggerKindName(TriggerKind kind);  // "NON_FINITE_LOSS", ...
+
+struct MonitorOptions {
+  // Where capsules go; created (with parents) on first capture.
+  std::string capsule_dir = "capsules";
+  // PEM Ed25519 private key (mode 0600). Empty: capsules are written unsigned. A path that cannot
+  // be loaded makes each capture fail with the reason (training continues).
+  std::string signing_key_path;
+  // Names the run in file names: <run>-step<N>-rank<R>-<trigger>.capsule.
+  std::string run_name = "run";
+
+  // Rate limits, so a diverged run does not fill the disk: at most `max_capsules` per Monitor, and
+  // at most one per trigger kind within `min_steps_between_same_kind` steps.
+  int max_capsules = 8;
+  int64_t min_steps_between_same_kind = 100;
+
+  // Which weights to embed. kAll falls back to kAnomalousLayer when the parameters exceed
+  // `max_weight_bytes`. Without embedded weights replay needs --weights.
+  WeightPolicy weight_policy = WeightPolicy::kAll;
+  uint64_t max_weight_bytes = uint64_t{256} << 20;
+
+  // Scalar history kept (and stored in capsules) and log lines kept.
+  int history_length = 64;
+  int log_lines = 200;
+
+  // Triggers. A spike fires when value > median(last `spike_window`) + max(spike_mads * 1.4826 *
+  // MAD, spike_min_relative * |median|), after `spike_warmup` steps of history. The relative floor
+  // keeps a flat loss curve (MAD near 0) from firing on noise.
+  bool trigger_non_finite_loss = true;
+  bool trigger_non_finite_grad = true;
+  bool trigger_loss_spike = true;
+  bool trigger_grad_norm_spike = true;
+  double spike_mads = 6.0;
+  double spike_min_relative = 0.5;
+  int spike_window = 50;
+  int spike_warmup = 20;
+
+  // Re-run the failing step with per-layer instrumentation (forward and backward statistics, the
+  // first anomalous layer, embedded layer inputs). Off: the capsule holds the snapshot only.
+  bool rerun = true;
+
+  // Where the trainer runs; recorded in the capsule.
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string device = "cpu";
+  // Free-form annotations stored in every capsule.
+  std::map<std::string, std::string> annotations;
+
+  // Receives one line per capture (written, refused, failed). Default: stderr.
+  std::function<void(const std::string&)> log_sink;
+};
+
+// What the trainer knows about the data position of a step.
+struct DataCursor {
+  int64_t epoch = 0;
+  int64_t shard = 0;
+  int64_t offset = 0;
+  std::vector<int64_t> sample_indices;
+  std::string sampler_rng;  // name of a RegisterRng() RNG that drives sampling
+};
+
+// One step's batch: the tensors the model consumes plus what identifies the samples.
+struct StepBatch {
+  LayerBatch tensors;
+  std::vector<std::string> raw_text;    // per sequence; optional
+  std::vector<std::string> sample_ids;  // per sequence; optional
+  int64_t micro_batch = 0;
+  int64_t tokens_seen = 0;  // before this step
+};
+
+// Scalars the trainer reports at EndStep. Missing values are simply not checked.
+struct StepScalars {
+  std::optional<double> loss;
+  std::optional<double> grad_norm;
+  std::optional<double> update_norm;
+  std::optional<double> param_norm;
+  std::optional<double> learning_rate;
+  std::optional<double> weight_decay;
+  std::optional<double> loss_scale;
+};
+
+// Files and texts that identify what the model was trained with; hashed once in SetIdentity.
+struct IdentityInfo {
+  struct File {
+    std::string role;  // "tokenizer", "chat_template", "adapter", "config", ...
+    std::string path;
+  };
+  std::vector<File> files;
+  std::string chat_template;  // the template text
+  std::string config_text;    // the resolved config as text
+  std::string code_revision;
+};
+
+struct StepReport {
+  bool triggered = false;
+  TriggerKind trigger = TriggerKind::kNone;
+  std::string summary;        // one line: what fired, and what happened to the capture
+  std::string capsule_path;   // set when a capsule was written
+  Status status;              // why the capture failed, when it did
+  bool rate_limited = false;  // fired, but a rate limit suppressed the capsule
+  std::string first_anomalous_layer;
+  bool rerun_reproduced = false;
+};
+
+class Monitor {
+ public:
+  explicit Monitor(MonitorOptions options);
+  ~Monitor();
+  Monitor(const Monitor&) = delete;
+  Monitor& operator=(const Monitor&) = delete;
+
+  // The model whose `path` the trainer runs (not owned; must outlive the Monitor). Without a model
+  // captures hold the snapshot and scalars but no per-layer statistics.
+  void AttachModel(Model* model, PathKind path);
+
+  // Hashes the files (once). Errors are returned and logged; capsules then lack those hashes.
+  Status SetIdentity(const IdentityInfo& identity);
+
+  // A trainer RNG (e.g. the data sampler) to store in capsules: `save` returns its state bytes.
+  void RegisterRng(const std::string& name, std::function<std::string()> save, uint64_t seed = 0);
+
+  // Appends a line to the log ring stored in capsules.
+  void Log(const std::string& line);
+
+  // Snapshots RNG states, the cursor and the batch. Call before the step's forward pass.
+  void BeginStep(int64_t step, const DataCursor& cursor, const StepBatch& batch);
+
+  // Records the scalars and runs the triggers; captures when one fires. Call before the optimizer
+  // updates the parameters.
+  StepReport EndStep(const StepScalars& scalars);
+
+  // Captures the current step (after BeginStep) now, with trigger MANUAL and `reason`.
+  StepReport CaptureNow(const std::string& reason);
+
+  // Runs `step_fn`; if it throws, captures the step with trigger EXCEPTION (the exception's text as
+  // message) and returns the report instead of letting the exception escape.
+  StepReport RunStep(const std::function<void()>& step_fn);
+
+  int capsules_written() const { return capsules_written_; }
+  const MonitorOptions& options() const { return options_; }
+
+ private:
+  struct Snapshot;
+  struct Fired {
+    TriggerKind kind = TriggerKind::kNone;
+    double observed = 0;
+    double threshold = 0;
+    std::string rule;
+  };
+  Fired CheckTriggers(const StepScalars& s) const;
+  StepReport Capture(const Fired& fired, const std::string& message);
+  Status BuildAndWrite(const Fired& fired, const std::string& message, StepReport* report);
+  void Emit(const std::string& line) const;
+
+  MonitorOptions options_;
+  Model* model_ = nullptr;
+  PathKind path_ = PathKind::kOptimized;
+  std::unique_ptr<Snapshot> snap_;
+  std::deque<std::pair<int64_t, StepScalars>> history_;
+  std::deque<std::string> log_;
+  struct NamedRng {
+    std::string name;
+    std::function<std::string()> save;
+    uint64_t seed;
+  };
+  std::vector<NamedRng> user_rngs_;
+  struct IdentityState;
+  std::unique_ptr<IdentityState> identity_;
+  int capsules_written_ = 0;
+  std::map<TriggerKind, int64_t> last_capture_step_;
+  std::set<TriggerKind> quiet_kinds_;  // rate-limited kinds already reported in this window
+};
+
+}  // namespace capsule
+
+#endif  // CAPSULE_CAPTURE_MONITOR_H_
