@@ -528,7 +528,7 @@ Status Monitor::BuildAndWrite(const Fired& fired, const std::string& message,
         ls.set_index(rec.index);
         ls.set_name(rec.name);
         ls.set_phase(v1::FORWARD);
-        FillTensorMeta(rec.output, ls.mutable_meta());
+        if (rec.output.defined()) FillTensorMeta(rec.output, ls.mutable_meta());
         FillStats(rec.forward, ls.mutable_stats());
         ls.set_anomalous(!rec.forward.finite());
       }

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The sample trainer with each fault class writes exactly one capsule for the faulty step, and
+# `capsule verify` / `capsule inspect --json` show what the capture promised.
+# Usage: trainer_capture_test.sh TRAINER_BIN CAPSULE_BIN
+set -euo pipefail
+trainer=$1
+capsule=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$capsule" keygen --out "$work/k" >/dev/null
+fail=0
+
+expect() {  # expect NAME JSON_FILE PATTERN...
+  local name=$1 json=$2
+  shift 2
+  for p in "$@"; do
+    if ! grep -q -- "$p" "$json"; then
+      echo "FAIL [$name]: inspect --json lacks $p"
+      fail=1
+    fi
+  done
+}
+
+run_case() {  # run_case NAME STEPS TRIGGER_FILE_SUFFIX TRAINER_ARGS...
+  local name=$1 steps=$2 suffix=$3
+  shift 3
+  local dir="$work/$name"
+  "$trainer" train --steps "$steps" --quiet --capsule-dir "$dir" --key "$work/k.key" "$@" \
+    > "$work/$name.log" 2>&1
+  local files=("$dir"/*.capsule)
+  if [ ${#files[@]} -ne 1 ] || [ ! -f "${files[0]}" ]; then
+    echo "FAIL [$name]: expected exactly one capsule, got: $(ls "$dir" 2>/dev/null | tr '\n' ' ')"
+    fail=1
+    return
+  fi
+  case "${files[0]}" in
+    *"$suffix") ;;
+    *) echo "FAIL [$name]: capsule ${files[0]} is not *$suffix"; fail=1 ;;
+  esac
+  "$capsule" verify "${files[0]}" --pubkey "$work/k.pub" >/dev/null ||
+    { echo "FAIL [$name]: capsule verify refused it"; fail=1; }
+  "$capsule" inspect "${files[0]}" --pubkey "$work/k.pub" --json > "$work/$name.json"
+  # Present in every capsule: batch tokens, RNG blobs, cursor, identity, stats, environment.
+  expect "$name" "$work/$name.json" '"token_ids":\[' '"generators":\[' '"name":"torch.cpu"' \
+    '"name":"sampler"' '"cursor":{' '"sample_indices":\[' '"model_sha256":"[0-9a-f]\{64\}"' \
+    '"role":"tokenizer"' '"torch_version":"' '"intra_op_threads":' '"phase":"FORWARD"' \
+    '"name":"lm_head","phase":"FORWARD"' '"registry_name":"tiny_gpt"'
+  echo "ok: $name -> $(basename "${files[0]}")"
+}
+
+run_case nan 8 -step5-rank0-non-finite-loss.capsule \
+  --inject nan --inject-layer blocks.2 --inject-step 5
+expect nan "$work/nan.json" '"kind":"NON_FINITE_LOSS"' '"first_anomalous_layer":"blocks.2"' \
+  '"capture_rerun":"RERUN_REPRODUCED"'
+
+run_case softmax-overflow 8 -step5-rank0-non-finite-loss.capsule \
+  --inject softmax-overflow --inject-layer blocks.1 --inject-step 5
+expect softmax-overflow "$work/softmax-overflow.json" '"kind":"NON_FINITE_LOSS"' \
+  '"first_anomalous_layer":"blocks.1"' '"capture_rerun":"RERUN_REPRODUCED"'
+
+run_case bad-data 32 -step30-rank0-loss-spike.capsule --inject bad-data --inject-step 30
+expect bad-data "$work/bad-data.json" '"kind":"LOSS_SPIKE"' '"capture_rerun":"RERUN_REPRODUCED"'
+
+run_case transient 8 -step5-rank0-non-finite-loss.capsule \
+  --inject transient --inject-layer blocks.2 --inject-step 5
+expect transient "$work/transient.json" '"kind":"NON_FINITE_LOSS"' \
+  '"capture_rerun":"RERUN_NOT_REPRODUCED"'
+
+# A finite fault is invisible to the triggers: --capture-at-step takes the capsule by hand.
+run_case eps 8 -step6-rank0-manual.capsule --inject eps --inject-layer blocks.1 --inject-step 0 \
+  --capture-at-step 6
+expect eps "$work/eps.json" '"kind":"MANUAL"'
+
+# A clean run writes nothing.
+"$trainer" train --steps 50 --quiet --capsule-dir "$work/clean" --key "$work/k.key" > "$work/clean.log" 2>&1
+if [ -n "$(ls -A "$work/clean" 2>/dev/null)" ]; then
+  echo "FAIL [clean]: a clean 50-step run wrote $(ls "$work/clean")"; fail=1
+else
+  echo "ok: clean 50-step run wrote no capsule"
+fi
+exit $fail
