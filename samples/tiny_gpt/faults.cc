@@ -1,0 +1,91 @@
+#include "samples/tiny_gpt/faults.h"
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <utility>
+
+namespace capsule::tiny_gpt {
+namespace {
+
+constexpr std::array<std::pair<FaultKind, const char*>, 7> kKindNames = {{
+    {FaultKind::kNone, "none"},
+    {FaultKind::kNan, "nan"},
+    {FaultKind::kSoftmaxOverflow, "softmax-overflow"},
+    {FaultKind::kTailBlock, "tail-block"},
+    {FaultKind::kEps, "eps"},
+    {FaultKind::kBadData, "bad-data"},
+    {FaultKind::kTransient, "transient"},
+}};
+
+bool KindNeedsLayer(FaultKind kind) {
+  return kind != FaultKind::kNone && kind != FaultKind::kBadData;
+}
+
+}  // namespace
+
+const char* FaultKindName(FaultKind kind) {
+  for (const auto& [k, name] : kKindNames) {
+    if (k == kind) return name;
+  }
+  return "unknown";
+}
+
+StatusOr<FaultKind> ParseFaultKind(std::string_view name) {
+  for (const auto& [kind, spelled] : kKindNames) {
+    if (name == spelled) return kind;
+  }
+  return InvalidArgumentError(
+      "tiny_gpt: unknown fault kind '" + std::string(name) +
+      "' (use none, nan, softmax-overflow, tail-block, eps, bad-data or transient)");
+}
+
+std::string FaultSpec::ToString() const {
+  std::string text = FaultKindName(kind);
+  if (kind == FaultKind::kNone) return text;
+  if (KindNeedsLayer(kind)) text += ":" + layer;
+  return text + "@" + std::to_string(from_step);
+}
+
+StatusOr<FaultSpec> ParseFaultSpec(std::string_view text) {
+  FaultSpec spec;
+  std::string_view rest = text;
+  const size_t at = rest.find('@');
+  if (at != std::string_view::npos) {
+    const std::string step_text(rest.substr(at + 1));
+    char* end = nullptr;
+    errno = 0;
+    const long long step = std::strtoll(step_text.c_str(), &end, 10);
+    if (step_text.empty() || *end != '\0' || errno != 0 || step < 0) {
+      return InvalidArgumentError("tiny_gpt: bad fault step in '" + std::string(text) +
+                                  "' (want KIND[:LAYER][@STEP] with STEP >= 0)");
+    }
+    spec.from_step = step;
+    rest = rest.substr(0, at);
+  }
+  const size_t colon = rest.find(':');
+  CAPSULE_ASSIGN_OR_RETURN(spec.kind, ParseFaultKind(rest.substr(0, colon)));
+  if (colon != std::string_view::npos) spec.layer = std::string(rest.substr(colon + 1));
+  if (KindNeedsLayer(spec.kind) && spec.layer.empty()) {
+    return InvalidArgumentError("tiny_gpt: fault '" + std::string(text) + "' needs a layer (e.g. " +
+                                FaultKindName(spec.kind) + ":blocks.1@0)");
+  }
+  if (!KindNeedsLayer(spec.kind) && !spec.layer.empty()) {
+    return InvalidArgumentError("tiny_gpt: fault '" + std::string(text) +
+                                "' takes no layer (drop ':" + spec.layer + "')");
+  }
+  return spec;
+}
+
+bool FaultCorruptsBatch(const FaultSpec& fault, int64_t step) {
+  return fault.kind == FaultKind::kBadData && step == fault.from_step;
+}
+
+void CorruptBatch(LayerBatch& batch) {
+  const at::Tensor ignored = batch.labels.eq(-100);
+  batch.labels = at::where(ignored, batch.labels, at::bitwise_xor(batch.labels, 0x80));
+}
+
+}  // namespace capsule::tiny_gpt

@@ -1,0 +1,77 @@
+// Injectable faults: the bug classes capsule is meant to diagnose, reproduced in tiny_gpt.
+//
+// A FaultSpec names a fault kind, the layer it hits (a LayerSequence name such as "blocks.2") and
+// the first training step at which it is active. Apart from bad-data, every fault lives in the
+// OPTIMIZED path, so the REFERENCE path shows what the layer should have computed:
+//   nan               the layer's kernel writes NaN into its output, from the step on
+//   softmax-overflow  the block's attention logits are large (both paths) and the fused softmax
+//                     skips the max subtraction, so exp() overflows in FP32 (the reference is
+//                     stable)
+//   tail-block        the block's fused kernels skip the n % 16 tail of their tiled loops
+//   eps               the layer norms of the layer use kFaultyLayerNormEps instead of the config's
+//   bad-data          not a layer fault: the batch of that one step is corrupted (CorruptBatch)
+//   transient         a NaN like `nan`, but only on the first execution of that one step (a
+//   simulated
+//                     hardware fault: re-running the step does not reproduce it)
+//
+//   CAPSULE_ASSIGN_OR_RETURN(FaultSpec fault, ParseFaultSpec("tail-block:blocks.2@10"));
+//   CAPSULE_RETURN_IF_ERROR(model->SetFault(fault));
+//   if (FaultCorruptsBatch(fault, step)) CorruptBatch(batch);
+//
+// Thread safety: values and pure functions; CorruptBatch mutates only its argument.
+#ifndef CAPSULE_SAMPLES_TINY_GPT_FAULTS_H_
+#define CAPSULE_SAMPLES_TINY_GPT_FAULTS_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "capture/layer_sequence.h"
+#include "proto/status.h"
+
+namespace capsule::tiny_gpt {
+
+enum class FaultKind { kNone, kNan, kSoftmaxOverflow, kTailBlock, kEps, kBadData, kTransient };
+
+// "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient".
+const char* FaultKindName(FaultKind kind);
+StatusOr<FaultKind> ParseFaultKind(std::string_view name);
+
+struct FaultSpec {
+  FaultKind kind = FaultKind::kNone;
+  std::string layer;      // LayerSequence name; ignored by none and bad-data
+  int64_t from_step = 0;  // first active step (transient and bad-data: the only one)
+
+  // "none", "bad-data@7", "tail-block:blocks.2@10": the form ParseFaultSpec reads.
+  std::string ToString() const;
+
+  friend bool operator==(const FaultSpec& a, const FaultSpec& b) {
+    return a.kind == b.kind && a.layer == b.layer && a.from_step == b.from_step;
+  }
+};
+
+// Reads "KIND[:LAYER][@STEP]" (STEP defaults to 0). Checks the syntax and that the kind needs a
+// layer; whether the layer exists is the model's business (TinyGpt::SetFault).
+StatusOr<FaultSpec> ParseFaultSpec(std::string_view text);
+
+// The epsilon an eps fault substitutes: a plausible constant mix-up (1e-1 for 1e-5) whose effect is
+// finite but far above FP32 rounding at the layer that has it.
+inline constexpr double kFaultyLayerNormEps = 1e-1;
+
+// The factor by which a softmax-overflow fault grows the block's attention logits. It emulates
+// attention-logit growth strongly enough that exp() of the raw logits overflows FP32 on any
+// ordinary batch, while a max-subtracting softmax handles the same logits without trouble.
+inline constexpr double kOverflowLogitGain = 1e4;
+
+// True when `fault` is a bad-data fault for this step.
+bool FaultCorruptsBatch(const FaultSpec& fault, int64_t step);
+
+// Corrupts labels the way a tokenizer mismatch does: every label byte gets its high bit flipped,
+// producing non-ASCII targets an English byte corpus never contains, so any model that has learned
+// the corpus assigns them tiny probability and the loss spikes on both paths. Ignored labels
+// (-100) stay ignored. Deterministic given the batch.
+void CorruptBatch(LayerBatch& batch);
+
+}  // namespace capsule::tiny_gpt
+
+#endif  // CAPSULE_SAMPLES_TINY_GPT_FAULTS_H_

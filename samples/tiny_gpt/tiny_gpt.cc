@@ -1,0 +1,409 @@
+#include "samples/tiny_gpt/tiny_gpt.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "samples/tiny_gpt/internal/flat_json.h"
+#include "samples/tiny_gpt/ops.h"
+
+namespace capsule::tiny_gpt {
+
+struct TinyGpt::Block {
+  at::Tensor ln1_w, ln1_b;
+  at::Tensor qkv_w, qkv_b;    // [3d, d], [3d]: rows are q, then k, then v
+  at::Tensor proj_w, proj_b;  // [d, d], [d]
+  at::Tensor ln2_w, ln2_b;
+  at::Tensor fc1_w, fc1_b;  // [mlp_mult*d, d]
+  at::Tensor fc2_w, fc2_b;  // [d, mlp_mult*d]
+};
+
+namespace {
+
+at::Tensor AsDouble(const at::Tensor& t) { return t.to(at::kDouble); }
+
+void CheckSingleInput(const TensorList& inputs, const std::string& layer) {
+  TORCH_CHECK(inputs.size() == 1 && inputs[0].defined(), "tiny_gpt ", layer,
+              ": expects exactly one input tensor, got ", inputs.size());
+}
+
+void CheckTokenIds(const at::Tensor& ids, const TinyGptConfig& config) {
+  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong,
+              "tiny_gpt embed: input_ids must be int64 [batch, seq], got ", ids.scalar_type(), " ",
+              ids.sizes());
+  TORCH_CHECK(ids.size(1) <= config.seq_len, "tiny_gpt embed: sequence of ", ids.size(1),
+              " tokens exceeds seq_len ", config.seq_len);
+}
+
+// Dropout masks are drawn in FP32 from the default CPU generator in the same order by both paths,
+// so restoring the generator state before each path gives both the same masks.
+at::Tensor Dropout(const at::Tensor& x, double p, const LayerBatch& batch) {
+  if (!batch.training || p <= 0.0) return x;
+  const at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kFloat)).bernoulli_(1.0 - p);
+  return x * keep.to(x.scalar_type()) / (1.0 - p);
+}
+
+// [B, T, 3d] -> q, k, v as [B, H, T, d/H].
+std::vector<at::Tensor> SplitHeads(const at::Tensor& qkv, int64_t heads) {
+  const int64_t b = qkv.size(0);
+  const int64_t t = qkv.size(1);
+  const int64_t d = qkv.size(2) / 3;
+  const at::Tensor parts = qkv.view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});
+  return {parts[0], parts[1], parts[2]};
+}
+
+// [B, H, T, d/H] -> [B, T, d].
+at::Tensor MergeHeads(const at::Tensor& x) {
+  return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
+}
+
+// Mean cross-entropy over the positions that have a target: labels != -100 and, when given,
+// loss_mask != 0. With labels_shifted == false, labels (and loss_mask) are aligned with the inputs
+// and position i predicts labels[i + 1].
+at::Tensor MeanCrossEntropy(const at::Tensor& logits, const LayerBatch& batch) {
+  TORCH_CHECK(batch.labels.defined() && batch.labels.dim() == 2,
+              "tiny_gpt loss: labels must be int64 [batch, seq]");
+  at::Tensor scores = logits;
+  at::Tensor labels = batch.labels;
+  at::Tensor mask = batch.loss_mask;
+  if (!batch.labels_shifted) {
+    const int64_t t = logits.size(1);
+    scores = logits.slice(1, 0, t - 1);
+    labels = labels.slice(1, 1, t);
+    if (mask.defined()) mask = mask.slice(1, 1, t);
+  }
+  at::Tensor valid = labels.ne(-100);
+  if (mask.defined()) valid = valid.logical_and(mask.ne(0));
+  const at::Tensor targets = labels.masked_fill(valid.logical_not(), 0).unsqueeze(-1);
+  const at::Tensor picked = at::log_softmax(scores, -1).gather(-1, targets).squeeze(-1);
+  const at::Tensor weight = valid.to(scores.scalar_type());
+  return -(picked * weight).sum() / weight.sum().clamp_min(1.0);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// REFERENCE: FP64, plain ATen ops, written to be read against a textbook.
+
+class TinyGpt::ReferencePath : public LayerSequence {
+ public:
+  explicit ReferencePath(TinyGpt* model) : m_(*model) {}
+
+  size_t size() const override { return static_cast<size_t>(m_.config_.num_layers()); }
+  std::string name(size_t i) const override { return m_.config_.layer_name(i); }
+  at::ScalarType compute_dtype() const override { return at::kDouble; }
+  std::vector<NamedTensor> LayerParameters(size_t i) const override {
+    return m_.layer_params_.at(i);
+  }
+
+  TensorList Forward(size_t i, const TensorList& inputs, const LayerBatch& batch) override {
+    const TinyGptConfig& c = m_.config_;
+    const int64_t layer = static_cast<int64_t>(i);
+    TORCH_CHECK(layer < c.num_layers(), "tiny_gpt: no layer ", i, " (model has ", c.num_layers(),
+                ")");
+    CheckSingleInput(inputs, c.layer_name(layer));
+    if (layer == 0) {
+      CheckTokenIds(inputs[0], c);
+      const int64_t t = inputs[0].size(1);
+      const at::Tensor x = at::embedding(AsDouble(m_.tok_embedding_), inputs[0]) +
+                           AsDouble(m_.pos_embedding_).slice(0, 0, t);
+      return {Dropout(x, c.dropout, batch)};
+    }
+    const at::Tensor x = inputs[0].to(at::kDouble);
+    if (layer <= c.n_layers) return {RunBlock(m_.blocks_[layer - 1], layer, x, batch)};
+    if (layer == c.n_layers + 1) {
+      return {ReferenceLayerNorm(x, AsDouble(m_.ln_f_weight_), AsDouble(m_.ln_f_bias_),
+                                 c.layer_norm_eps)};
+    }
+    if (layer == c.n_layers + 2) return {at::matmul(x, AsDouble(m_.lm_head_weight_).t())};
+    return {MeanCrossEntropy(x, batch)};
+  }
+
+ private:
+  at::Tensor RunBlock(const TinyGpt::Block& p, int64_t layer, const at::Tensor& x,
+                      const LayerBatch& batch) {
+    const TinyGptConfig& c = m_.config_;
+    const double head_scale = 1.0 / std::sqrt(static_cast<double>(c.d_model / c.n_heads));
+    const double gain =
+        m_.FaultActive(FaultKind::kSoftmaxOverflow, layer) ? kOverflowLogitGain : 1.0;
+
+    const at::Tensor h =
+        ReferenceLayerNorm(x, AsDouble(p.ln1_w), AsDouble(p.ln1_b), c.layer_norm_eps);
+    const std::vector<at::Tensor> qkv =
+        SplitHeads(at::linear(h, AsDouble(p.qkv_w), AsDouble(p.qkv_b)), c.n_heads);
+    const at::Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1));
+    const at::Tensor attn = at::matmul(ReferenceCausalSoftmax(scores, head_scale * gain), qkv[2]);
+    const at::Tensor y =
+        x + Dropout(at::linear(MergeHeads(attn), AsDouble(p.proj_w), AsDouble(p.proj_b)), c.dropout,
+                    batch);
+
+    const at::Tensor h2 =
+        ReferenceLayerNorm(y, AsDouble(p.ln2_w), AsDouble(p.ln2_b), c.layer_norm_eps);
+    const at::Tensor mlp =
+        at::linear(ReferenceGelu(at::linear(h2, AsDouble(p.fc1_w), AsDouble(p.fc1_b))),
+                   AsDouble(p.fc2_w), AsDouble(p.fc2_b));
+    return y + Dropout(mlp, c.dropout, batch);
+  }
+
+  TinyGpt& m_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// OPTIMIZED: FP32, fused kernels for layer norm, causal softmax and GELU. Faults enter here as
+// KernelDefects of the named layer's kernels.
+
+class TinyGpt::OptimizedPath : public LayerSequence {
+ public:
+  explicit OptimizedPath(TinyGpt* model) : m_(*model) {}
+
+  size_t size() const override { return static_cast<size_t>(m_.config_.num_layers()); }
+  std::string name(size_t i) const override { return m_.config_.layer_name(i); }
+  at::ScalarType compute_dtype() const override { return at::kFloat; }
+  std::vector<NamedTensor> LayerParameters(size_t i) const override {
+    return m_.layer_params_.at(i);
+  }
+
+  TensorList Forward(size_t i, const TensorList& inputs, const LayerBatch& batch) override {
+    const TinyGptConfig& c = m_.config_;
+    const int64_t layer = static_cast<int64_t>(i);
+    TORCH_CHECK(layer < c.num_layers(), "tiny_gpt: no layer ", i, " (model has ", c.num_layers(),
+                ")");
+    CheckSingleInput(inputs, c.layer_name(layer));
+    // A transient fault is consumed here, once, whichever layer it names.
+    const bool poison =
+        m_.FaultFires(FaultKind::kNan, layer) || m_.FaultFires(FaultKind::kTransient, layer);
+    const bool wrong_eps = m_.FaultActive(FaultKind::kEps, layer);
+    const double eps = wrong_eps ? kFaultyLayerNormEps : c.layer_norm_eps;
+
+    if (layer == 0) {
+      CheckTokenIds(inputs[0], c);
+      const int64_t t = inputs[0].size(1);
+      const at::Tensor x =
+          Dropout(at::embedding(m_.tok_embedding_, inputs[0]) + m_.pos_embedding_.slice(0, 0, t),
+                  c.dropout, batch);
+      return {poison ? WriteNanAtFirst(x) : x};
+    }
+    const at::Tensor x = inputs[0].to(at::kFloat);
+    if (layer <= c.n_layers) return {RunBlock(m_.blocks_[layer - 1], layer, x, eps, poison, batch)};
+    if (layer == c.n_layers + 1) {
+      KernelDefects defects;
+      defects.write_nan = poison;
+      return {FusedLayerNorm(x, m_.ln_f_weight_, m_.ln_f_bias_, eps, defects)};
+    }
+    const at::Tensor out = layer == c.n_layers + 2 ? at::matmul(x, m_.lm_head_weight_.t())
+                                                   : MeanCrossEntropy(x, batch);
+    return {poison ? WriteNanAtFirst(out) : out};
+  }
+
+ private:
+  at::Tensor RunBlock(const TinyGpt::Block& p, int64_t layer, const at::Tensor& x, double eps,
+                      bool poison, const LayerBatch& batch) {
+    const TinyGptConfig& c = m_.config_;
+    const double head_scale = 1.0 / std::sqrt(static_cast<double>(c.d_model / c.n_heads));
+    const bool overflow = m_.FaultActive(FaultKind::kSoftmaxOverflow, layer);
+    const double gain = overflow ? kOverflowLogitGain : 1.0;
+    KernelDefects norm_defects;
+    norm_defects.drop_tail = m_.FaultActive(FaultKind::kTailBlock, layer);
+    KernelDefects softmax_defects = norm_defects;
+    softmax_defects.skip_max = overflow;
+    KernelDefects gelu_defects = norm_defects;
+    gelu_defects.write_nan = poison;
+
+    const at::Tensor h = FusedLayerNorm(x, p.ln1_w, p.ln1_b, eps, norm_defects);
+    const std::vector<at::Tensor> qkv = SplitHeads(at::linear(h, p.qkv_w, p.qkv_b), c.n_heads);
+    const at::Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1));
+    const at::Tensor attn =
+        at::matmul(FusedCausalSoftmax(scores, head_scale * gain, softmax_defects), qkv[2]);
+    const at::Tensor y =
+        x + Dropout(at::linear(MergeHeads(attn), p.proj_w, p.proj_b), c.dropout, batch);
+
+    const at::Tensor h2 = FusedLayerNorm(y, p.ln2_w, p.ln2_b, eps, norm_defects);
+    const at::Tensor mlp =
+        at::linear(FusedGelu(at::linear(h2, p.fc1_w, p.fc1_b), gelu_defects), p.fc2_w, p.fc2_b);
+    return y + Dropout(mlp, c.dropout, batch);
+  }
+
+  TinyGpt& m_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<TinyGpt>> TinyGpt::Create(const TinyGptConfig& config) {
+  CAPSULE_RETURN_IF_ERROR(config.Validate());
+  return std::unique_ptr<TinyGpt>(new TinyGpt(config));
+}
+
+StatusOr<std::unique_ptr<TinyGpt>> TinyGpt::FromSpec(const ModelSpecInfo& spec) {
+  if (spec.registry_name != kRegistryName) {
+    return InvalidArgumentError("tiny_gpt: model spec names '" + spec.registry_name + "', not '" +
+                                kRegistryName + "'");
+  }
+  CAPSULE_ASSIGN_OR_RETURN(TinyGptConfig config, TinyGptConfig::FromJson(spec.config_json));
+  CAPSULE_ASSIGN_OR_RETURN(internal::FlatJsonObject obj,
+                           internal::ParseFlatJsonObject(spec.config_json));
+  CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<TinyGpt> model, Create(config));
+  if (obj.count("step") != 0) {
+    CAPSULE_ASSIGN_OR_RETURN(model->step_, internal::GetInt(obj, "step"));
+  }
+  if (obj.count("fault_armed") != 0) {
+    CAPSULE_ASSIGN_OR_RETURN(model->transient_armed_, internal::GetBool(obj, "fault_armed"));
+  }
+  return model;
+}
+
+TinyGpt::TinyGpt(const TinyGptConfig& config) : config_(config) {
+  const TinyGptConfig& c = config_;
+  const int64_t d = c.d_model;
+  const int64_t hidden = c.mlp_mult * d;
+  // GPT-2's initialisation: N(0, 0.02) weights, zero biases, unit layer-norm gains, and the
+  // projections into the residual stream shrunk by sqrt(2 * n_layers) so its variance does not
+  // grow with depth. A private generator keeps the weights a function of the seed alone.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(c.seed);
+  const double residual_std = 0.02 / std::sqrt(2.0 * std::max<int64_t>(1, c.n_layers));
+  auto normal = [&](at::IntArrayRef shape, double std) {
+    return at::empty(shape, at::kFloat).normal_(0.0, std, gen).requires_grad_(true);
+  };
+  auto zeros = [](at::IntArrayRef shape) {
+    return at::zeros(shape, at::kFloat).requires_grad_(true);
+  };
+  auto ones = [](at::IntArrayRef shape) {
+    return at::ones(shape, at::kFloat).requires_grad_(true);
+  };
+
+  layer_params_.resize(c.num_layers());
+  auto add = [&](int64_t layer, const std::string& name, const at::Tensor& t) {
+    named_.emplace_back(name, t);
+    layer_params_[layer].emplace_back(name, t);
+  };
+
+  tok_embedding_ = normal({c.vocab_size, d}, 0.02);
+  pos_embedding_ = normal({c.seq_len, d}, 0.02);
+  add(0, "embed.tok", tok_embedding_);
+  add(0, "embed.pos", pos_embedding_);
+
+  blocks_.resize(c.n_layers);
+  for (int64_t b = 0; b < c.n_layers; ++b) {
+    Block& p = blocks_[b];
+    p.ln1_w = ones({d});
+    p.ln1_b = zeros({d});
+    p.qkv_w = normal({3 * d, d}, 0.02);
+    p.qkv_b = zeros({3 * d});
+    p.proj_w = normal({d, d}, residual_std);
+    p.proj_b = zeros({d});
+    p.ln2_w = ones({d});
+    p.ln2_b = zeros({d});
+    p.fc1_w = normal({hidden, d}, 0.02);
+    p.fc1_b = zeros({hidden});
+    p.fc2_w = normal({d, hidden}, residual_std);
+    p.fc2_b = zeros({d});
+    const std::string prefix = "blocks." + std::to_string(b) + ".";
+    const int64_t layer = b + 1;
+    add(layer, prefix + "ln1.weight", p.ln1_w);
+    add(layer, prefix + "ln1.bias", p.ln1_b);
+    add(layer, prefix + "attn.qkv.weight", p.qkv_w);
+    add(layer, prefix + "attn.qkv.bias", p.qkv_b);
+    add(layer, prefix + "attn.proj.weight", p.proj_w);
+    add(layer, prefix + "attn.proj.bias", p.proj_b);
+    add(layer, prefix + "ln2.weight", p.ln2_w);
+    add(layer, prefix + "ln2.bias", p.ln2_b);
+    add(layer, prefix + "mlp.fc1.weight", p.fc1_w);
+    add(layer, prefix + "mlp.fc1.bias", p.fc1_b);
+    add(layer, prefix + "mlp.fc2.weight", p.fc2_w);
+    add(layer, prefix + "mlp.fc2.bias", p.fc2_b);
+  }
+
+  ln_f_weight_ = ones({d});
+  ln_f_bias_ = zeros({d});
+  add(c.n_layers + 1, "ln_f.weight", ln_f_weight_);
+  add(c.n_layers + 1, "ln_f.bias", ln_f_bias_);
+  lm_head_weight_ = normal({c.vocab_size, d}, 0.02);
+  add(c.n_layers + 2, "lm_head.weight", lm_head_weight_);
+
+  reference_ = std::make_unique<ReferencePath>(this);
+  optimized_ = std::make_unique<OptimizedPath>(this);
+}
+
+TinyGpt::~TinyGpt() = default;
+
+LayerSequence& TinyGpt::Path(PathKind kind) {
+  if (kind == PathKind::kReference) return *reference_;
+  return *optimized_;
+}
+
+std::vector<NamedTensor> TinyGpt::NamedParameters() const { return named_; }
+
+std::vector<at::Tensor> TinyGpt::parameters() const {
+  std::vector<at::Tensor> out;
+  out.reserve(named_.size());
+  for (const auto& [name, tensor] : named_) out.push_back(tensor);
+  return out;
+}
+
+ModelSpecInfo TinyGpt::Spec() const {
+  // ToJson always closes a non-empty object, so the runtime keys are spliced in before its '}'.
+  std::string json = config_.ToJson();
+  json.pop_back();
+  json += ",\"step\":" + std::to_string(step_) +
+          ",\"fault_armed\":" + (transient_armed_ ? "true" : "false") + "}";
+  return {kRegistryName, json};
+}
+
+Status TinyGpt::LoadParameters(const std::vector<NamedTensor>& params) {
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& [name, tensor] : params) {
+    if (!by_name.emplace(name, tensor).second) {
+      return InvalidArgumentError("tiny_gpt: parameter '" + name + "' given twice");
+    }
+  }
+  if (by_name.size() != named_.size()) {
+    return InvalidArgumentError("tiny_gpt: expected " + std::to_string(named_.size()) +
+                                " parameters, got " + std::to_string(by_name.size()));
+  }
+  for (const auto& [name, master] : named_) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return InvalidArgumentError("tiny_gpt: parameter '" + name + "' is missing");
+    }
+    if (!it->second.defined() || it->second.sizes() != master.sizes()) {
+      std::ostringstream message;
+      message << "tiny_gpt: parameter '" << name << "' has shape "
+              << (it->second.defined() ? it->second.sizes() : at::IntArrayRef{}) << ", expected "
+              << master.sizes();
+      return InvalidArgumentError(message.str());
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, master] : named_) master.copy_(by_name.at(name));
+  return Status::Ok();
+}
+
+Status TinyGpt::SetFault(const FaultSpec& fault) {
+  TinyGptConfig candidate = config_;
+  candidate.fault = fault;
+  CAPSULE_RETURN_IF_ERROR(candidate.Validate());
+  config_.fault = fault;
+  transient_armed_ = true;
+  return Status::Ok();
+}
+
+bool TinyGpt::FaultActive(FaultKind kind, int64_t layer) {
+  const FaultSpec& f = config_.fault;
+  if (f.kind != kind || kind == FaultKind::kNone || kind == FaultKind::kBadData) return false;
+  if (config_.layer_index(f.layer) != layer) return false;
+  if (kind == FaultKind::kTransient) return transient_armed_ && step_ == f.from_step;
+  return step_ >= f.from_step;
+}
+
+bool TinyGpt::FaultFires(FaultKind kind, int64_t layer) {
+  const bool active = FaultActive(kind, layer);
+  if (active && kind == FaultKind::kTransient) transient_armed_ = false;
+  return active;
+}
+
+}  // namespace capsule::tiny_gpt

@@ -1,0 +1,149 @@
+#include "samples/tiny_gpt/tiny_gpt_config.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <set>
+
+#include "samples/tiny_gpt/internal/flat_json.h"
+
+namespace capsule::tiny_gpt {
+namespace {
+
+using internal::FlatJsonObject;
+
+constexpr char kBlockPrefix[] = "blocks.";
+
+bool IsBlock(std::string_view layer) { return layer.rfind(kBlockPrefix, 0) == 0; }
+
+Status ConfigError(const std::string& message) {
+  return InvalidArgumentError("tiny_gpt config: " + message);
+}
+
+// Reads `key` into `*out` when present; absent keys keep the default.
+template <typename T, typename Getter>
+Status ReadOptional(const FlatJsonObject& obj, const std::string& key, Getter get, T* out) {
+  if (obj.count(key) == 0) return Status::Ok();
+  CAPSULE_ASSIGN_OR_RETURN(*out, get(obj, key));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string TinyGptConfig::layer_name(int64_t i) const {
+  if (i == 0) return "embed";
+  if (i >= 1 && i <= n_layers) return kBlockPrefix + std::to_string(i - 1);
+  if (i == n_layers + 1) return "ln_f";
+  if (i == n_layers + 2) return "lm_head";
+  if (i == n_layers + 3) return "loss";
+  return "";
+}
+
+int64_t TinyGptConfig::layer_index(std::string_view name) const {
+  if (name == "embed") return 0;
+  if (name == "ln_f") return n_layers + 1;
+  if (name == "lm_head") return n_layers + 2;
+  if (name == "loss") return n_layers + 3;
+  if (!IsBlock(name)) return -1;
+  const std::string digits(name.substr(sizeof(kBlockPrefix) - 1));
+  if (digits.empty() || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos ||
+      (digits.size() > 1 && digits[0] == '0')) {
+    return -1;
+  }
+  const int64_t block = std::strtoll(digits.c_str(), nullptr, 10);
+  return block < n_layers ? block + 1 : -1;
+}
+
+Status TinyGptConfig::Validate() const {
+  if (vocab_size < 1) return ConfigError("vocab_size must be >= 1");
+  if (d_model < 1 || n_heads < 1 || d_model % n_heads != 0) {
+    return ConfigError("d_model (" + std::to_string(d_model) +
+                       ") must be a positive multiple of n_heads (" + std::to_string(n_heads) +
+                       ")");
+  }
+  if (n_layers < 0) return ConfigError("n_layers must be >= 0");
+  if (seq_len < 1) return ConfigError("seq_len must be >= 1");
+  if (mlp_mult < 1) return ConfigError("mlp_mult must be >= 1");
+  if (!(dropout >= 0.0 && dropout < 1.0)) return ConfigError("dropout must be in [0, 1)");
+  if (!(layer_norm_eps > 0.0)) return ConfigError("layer_norm_eps must be > 0");
+  if (fault.from_step < 0) return ConfigError("fault_from_step must be >= 0");
+
+  const std::string& layer = fault.layer;
+  const std::string kind = FaultKindName(fault.kind);
+  switch (fault.kind) {
+    case FaultKind::kNone:
+    case FaultKind::kBadData:
+      return Status::Ok();
+    case FaultKind::kNan:
+    case FaultKind::kTransient:
+      if (layer_index(layer) < 0) {
+        return ConfigError("fault " + kind + " names unknown layer '" + layer +
+                           "' (use embed, blocks.0-" + std::to_string(n_layers - 1) +
+                           ", ln_f, lm_head or loss)");
+      }
+      return Status::Ok();
+    case FaultKind::kSoftmaxOverflow:
+    case FaultKind::kTailBlock:
+      if (!IsBlock(layer) || layer_index(layer) < 0) {
+        return ConfigError("fault " + kind + " needs a block layer (blocks.0-" +
+                           std::to_string(n_layers - 1) + "), got '" + layer + "'");
+      }
+      return Status::Ok();
+    case FaultKind::kEps:
+      if (layer != "ln_f" && (!IsBlock(layer) || layer_index(layer) < 0)) {
+        return ConfigError("fault eps needs a layer with a layer norm (blocks.N or ln_f), got '" +
+                           layer + "'");
+      }
+      return Status::Ok();
+  }
+  return ConfigError("unknown fault kind");
+}
+
+std::string TinyGptConfig::ToJson() const {
+  internal::FlatJsonWriter w;
+  w.Add("vocab_size", vocab_size);
+  w.Add("d_model", d_model);
+  w.Add("n_heads", n_heads);
+  w.Add("n_layers", n_layers);
+  w.Add("seq_len", seq_len);
+  w.Add("mlp_mult", mlp_mult);
+  w.Add("dropout", dropout);
+  w.Add("layer_norm_eps", layer_norm_eps);
+  w.Add("seed", seed);
+  w.Add("fault", std::string(FaultKindName(fault.kind)));
+  w.Add("fault_layer", fault.layer);
+  w.Add("fault_from_step", fault.from_step);
+  return w.Finish();
+}
+
+StatusOr<TinyGptConfig> TinyGptConfig::FromJson(std::string_view json) {
+  CAPSULE_ASSIGN_OR_RETURN(FlatJsonObject obj, internal::ParseFlatJsonObject(json));
+  static const std::set<std::string> kKnown = {
+      "vocab_size",  "d_model",         "n_heads",        "n_layers",   "seq_len",
+      "mlp_mult",    "dropout",         "layer_norm_eps", "seed",       "fault",
+      "fault_layer", "fault_from_step", "step",           "fault_armed"};
+  for (const auto& [key, value] : obj) {
+    if (kKnown.count(key) == 0) return ConfigError("unknown key \"" + key + "\"");
+  }
+  TinyGptConfig c;
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "vocab_size", internal::GetInt, &c.vocab_size));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "d_model", internal::GetInt, &c.d_model));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "n_heads", internal::GetInt, &c.n_heads));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "n_layers", internal::GetInt, &c.n_layers));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "seq_len", internal::GetInt, &c.seq_len));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "mlp_mult", internal::GetInt, &c.mlp_mult));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "dropout", internal::GetDouble, &c.dropout));
+  CAPSULE_RETURN_IF_ERROR(
+      ReadOptional(obj, "layer_norm_eps", internal::GetDouble, &c.layer_norm_eps));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "seed", internal::GetUint, &c.seed));
+  std::string kind_name = "none";
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "fault", internal::GetString, &kind_name));
+  CAPSULE_ASSIGN_OR_RETURN(c.fault.kind, ParseFaultKind(kind_name));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "fault_layer", internal::GetString, &c.fault.layer));
+  CAPSULE_RETURN_IF_ERROR(
+      ReadOptional(obj, "fault_from_step", internal::GetInt, &c.fault.from_step));
+  CAPSULE_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+}  // namespace capsule::tiny_gpt

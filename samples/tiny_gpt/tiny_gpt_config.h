@@ -1,0 +1,59 @@
+// TinyGptConfig: everything needed to construct a tiny_gpt model, as a value and as JSON.
+//
+// The JSON form is the construction config a capsule stores in its model spec; replay hands it back
+// to the model registry, which rebuilds the same architecture, initial weights (from `seed`) and
+// injected fault. It is a flat object of numbers and strings so that a person can read and edit it.
+//
+//   TinyGptConfig config;
+//   config.n_layers = 6;
+//   std::string json = config.ToJson();   // {"vocab_size":256,"d_model":64,...}
+//   CAPSULE_ASSIGN_OR_RETURN(TinyGptConfig same, TinyGptConfig::FromJson(json));
+//
+// Thread safety: a value type.
+#ifndef CAPSULE_SAMPLES_TINY_GPT_TINY_GPT_CONFIG_H_
+#define CAPSULE_SAMPLES_TINY_GPT_TINY_GPT_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "proto/status.h"
+#include "samples/tiny_gpt/faults.h"
+
+namespace capsule::tiny_gpt {
+
+struct TinyGptConfig {
+  int64_t vocab_size = 256;  // byte-level tokens; every id must be < vocab_size
+  int64_t d_model = 64;      // width of the residual stream; divisible by n_heads
+  int64_t n_heads = 4;
+  int64_t n_layers = 4;  // transformer blocks
+  int64_t seq_len = 32;  // maximum context (size of the positional table)
+  int64_t mlp_mult = 4;  // MLP hidden width = mlp_mult * d_model
+  double dropout = 0.0;  // residual and embedding dropout while LayerBatch::training
+  double layer_norm_eps = 1e-5;
+  uint64_t seed = 0;  // initial weights; JSON keeps it exact up to 2^64 - 1
+  FaultSpec fault;    // injected fault (kind none by default)
+
+  // kInvalidArgument when a field is out of range or the fault names a layer the model lacks or
+  // where that kind has no effect.
+  Status Validate() const;
+
+  std::string ToJson() const;
+
+  // Reads what ToJson writes. Absent fields keep their defaults, so configs written before a field
+  // existed still load; unknown keys are refused (a misspelt key would otherwise be ignored
+  // silently). Also accepts the runtime keys TinyGpt::Spec adds ("step", "fault_armed"), which are
+  // read by TinyGpt::FromSpec.
+  static StatusOr<TinyGptConfig> FromJson(std::string_view json);
+
+  // Layers in execution order: "embed", "blocks.0" ... "blocks.{n_layers-1}", "ln_f", "lm_head",
+  // "loss".
+  int64_t num_layers() const { return n_layers + 4; }
+  std::string layer_name(int64_t i) const;
+  // The index of a layer name, or -1.
+  int64_t layer_index(std::string_view name) const;
+};
+
+}  // namespace capsule::tiny_gpt
+
+#endif  // CAPSULE_SAMPLES_TINY_GPT_TINY_GPT_CONFIG_H_
