@@ -1,6 +1,9 @@
 #include "proto/validate.h"
 
 #include <set>
+#include <vector>
+
+#include <google/protobuf/descriptor.h>
 
 #include "proto/capsule.pb.h"
 #include "proto/sha256.h"
@@ -46,9 +49,11 @@ Status ValidateStats(const std::string& where, const v1::HealthStats& s) {
   int64_t total = 0;
   for (int64_t c : counts) {
     if (c < 0 || c > s.numel()) return Invalid(where, "a count is outside [0, numel]");
+    // Compared before adding: four counts near INT64_MAX would overflow the sum (undefined
+    // behaviour) and could wrap around to a total that looks within numel.
+    if (c > s.numel() - total) return Invalid(where, "counts add up to more than numel");
     total += c;
   }
-  if (total > s.numel()) return Invalid(where, "counts add up to more than numel");
   const int64_t nonfinite = s.nan_count() + s.pos_inf_count() + s.neg_inf_count();
   const int64_t first = s.first_nonfinite_index();
   if (first != -1 && (first < 0 || first >= s.numel())) {
@@ -58,6 +63,75 @@ Status ValidateStats(const std::string& where, const v1::HealthStats& s) {
     return Invalid(where, "first_nonfinite_index disagrees with the non-finite counts");
   }
   return Status::Ok();
+}
+
+// RFC 3629 UTF-8 (no overlong forms, surrogates or code points above U+10FFFF): what proto3
+// parsing demands of string fields.
+bool IsUtf8(const std::string& s) {
+  const auto* u = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned c = u[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return false;
+    }
+    if (n - i < len || u[i + 1] < lo || u[i + 1] > hi) return false;
+    for (size_t k = 2; k < len; ++k) {
+      if (u[i + k] < 0x80 || u[i + k] > 0xbf) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// proto3 parsing rejects a string field that is not UTF-8, but serializing one succeeds: without
+// this check a writer could write a capsule no reader can open (raw sample text, log lines and
+// host names come from outside). Returns false and the field's path at the first bad string.
+bool StringsAreUtf8(const google::protobuf::Message& m, std::string* where) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  std::string scratch;
+  for (const FieldDescriptor* f : fields) {
+    const bool is_string = f->type() == FieldDescriptor::TYPE_STRING;
+    if (!is_string && f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      std::string inner;
+      bool ok;
+      if (is_string) {
+        ok = IsUtf8(f->is_repeated() ? r->GetRepeatedStringReference(m, f, i, &scratch)
+                                     : r->GetStringReference(m, f, &scratch));
+      } else {
+        ok = StringsAreUtf8(f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f),
+                            &inner);
+      }
+      if (!ok) {
+        *where = f->name() + (f->is_repeated() ? "[" + std::to_string(i) + "]" : "") +
+                 (inner.empty() ? "" : "." + inner);
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -219,6 +293,10 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   static const std::set<std::string> kDroppable = {"text", "tokens", "paths", "host"};
   for (const std::string& d : c.redaction().dropped()) {
     if (kDroppable.count(d) == 0) return Invalid("redaction.dropped", "unknown item " + d);
+  }
+  std::string where;
+  if (!StringsAreUtf8(c, &where)) {
+    return Invalid(where, "is not valid UTF-8 (string fields must be; a reader cannot parse it)");
   }
   return Status::Ok();
 }

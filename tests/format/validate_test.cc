@@ -1,0 +1,349 @@
+// One case per ValidateCapsule rule (proto/validate.cc): each breaks one "must" of capsule.proto
+// in an otherwise valid full capsule and expects kInvalidArgument naming the field.
+#include "proto/validate.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <limits>
+
+#include "proto/capsule.pb.h"
+#include "proto/capsule_writer.h"
+#include "proto/sha256.h"
+#include "tests/format/capsule_test_util.h"
+
+namespace capsule::test {
+namespace {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+TEST(ValidateTest, SampleCapsulesAreValid) {
+  EXPECT_TRUE(ValidateCapsule(MakeFullCapsule()).ok()) << ValidateCapsule(MakeFullCapsule());
+  EXPECT_TRUE(ValidateCapsule(MakeMinimalCapsule()).ok());
+}
+
+TEST(ValidateTest, FullCapsuleSetsEveryField) {
+  // A field added to capsule.proto must be added to MakeFullCapsule, or round trips miss it.
+  const std::vector<std::string> unset = UnsetFieldPaths(MakeFullCapsule());
+  EXPECT_TRUE(unset.empty()) << "unset: " << ::testing::PrintToString(unset);
+}
+
+TEST(ValidateTest, UnsetFieldPathsFindsAGap) {
+  v1::Capsule c = MakeFullCapsule();
+  c.mutable_numerics()->mutable_layers(0)->mutable_stats()->clear_rms();
+  EXPECT_TRUE(UnsetFieldPaths(c).empty()) << "other layers still set rms";
+  for (auto& l : *c.mutable_numerics()->mutable_layers()) l.mutable_stats()->clear_rms();
+  EXPECT_EQ(UnsetFieldPaths(c), std::vector<std::string>{"numerics.layers[].stats.rms"});
+}
+
+TEST(ValidateTest, DTypeSizesAndNames) {
+  EXPECT_EQ(DTypeElementSize(v1::FLOAT64), 8);
+  EXPECT_EQ(DTypeElementSize(v1::INT64), 8);
+  EXPECT_EQ(DTypeElementSize(v1::FLOAT32), 4);
+  EXPECT_EQ(DTypeElementSize(v1::INT32), 4);
+  EXPECT_EQ(DTypeElementSize(v1::BFLOAT16), 2);
+  EXPECT_EQ(DTypeElementSize(v1::FLOAT16), 2);
+  EXPECT_EQ(DTypeElementSize(v1::INT16), 2);
+  EXPECT_EQ(DTypeElementSize(v1::INT8), 1);
+  EXPECT_EQ(DTypeElementSize(v1::UINT8), 1);
+  EXPECT_EQ(DTypeElementSize(v1::BOOL), 1);
+  EXPECT_EQ(DTypeElementSize(v1::DTYPE_UNSPECIFIED), 0);
+  EXPECT_EQ(DTypeElementSize(999), 0);
+  EXPECT_EQ(DTypeName(v1::BFLOAT16), "bfloat16");
+  EXPECT_EQ(DTypeName(v1::DTYPE_UNSPECIFIED), "unspecified");
+  EXPECT_EQ(DTypeName(999), "unspecified");
+}
+
+struct Rule {
+  const char* name;
+  std::function<void(v1::Capsule*)> breaks;
+  const char* message;
+  bool needs_digest_check = false;
+};
+
+void PrintTo(const Rule& r, std::ostream* os) { *os << r.name; }
+
+v1::TensorBlob* Tensor(v1::Capsule* c, int i) { return c->mutable_tensors(i); }
+v1::HealthStats* Stats(v1::Capsule* c) {
+  return c->mutable_numerics()->mutable_layers(2)->mutable_stats();
+}
+v1::Sequence* Seq(v1::Capsule* c) { return c->mutable_data()->mutable_sequences(1); }
+
+const Rule kRules[] = {
+    {"WriterVersionUnset", [](v1::Capsule* c) { c->clear_writer_version(); },
+     "writer_version: must be set"},
+    {"CreatedTimeZero", [](v1::Capsule* c) { c->set_created_unix_micros(0); },
+     "created_unix_micros: must be > 0"},
+    {"CreatedTimeNegative", [](v1::Capsule* c) { c->set_created_unix_micros(-5); },
+     "created_unix_micros: must be > 0"},
+    {"TriggerMissing", [](v1::Capsule* c) { c->clear_trigger(); }, "trigger.kind: must be set"},
+    {"TriggerKindUnspecified",
+     [](v1::Capsule* c) { c->mutable_trigger()->set_kind(v1::TRIGGER_KIND_UNSPECIFIED); },
+     "trigger.kind: must be set"},
+    {"StepMissing", [](v1::Capsule* c) { c->clear_step(); }, "step: must be set"},
+    {"NegativeGlobalStep", [](v1::Capsule* c) { c->mutable_step()->set_global_step(-1); },
+     "step: global_step, micro_batch, tokens_seen and epoch must be >= 0"},
+    {"NegativeMicroBatch", [](v1::Capsule* c) { c->mutable_step()->set_micro_batch(-1); },
+     "step: global_step"},
+    {"NegativeTokensSeen", [](v1::Capsule* c) { c->mutable_step()->set_tokens_seen(-1); },
+     "step: global_step"},
+    {"NegativeEpoch", [](v1::Capsule* c) { c->mutable_step()->set_epoch(-1); },
+     "step: global_step"},
+    {"HistoryStepRepeated",
+     [](v1::Capsule* c) { c->mutable_step()->mutable_history(2)->set_step(1233); },
+     "step.history[2]: steps must increase"},
+    {"HistoryStepDecreasing",
+     [](v1::Capsule* c) { c->mutable_step()->mutable_history(1)->set_step(1); },
+     "step.history[1]: steps must increase"},
+    {"NegativeTokenCount", [](v1::Capsule* c) { Seq(c)->set_token_count(-1); },
+     "data.sequences[1]: negative token_count"},
+    {"TokenIdsSha256Uppercase",
+     [](v1::Capsule* c) { Seq(c)->set_token_ids_sha256(std::string(64, 'A')); },
+     "data.sequences[1]: token_ids_sha256 is not a lowercase hex SHA-256"},
+    {"TokenIdsSha256Short",
+     [](v1::Capsule* c) { Seq(c)->set_token_ids_sha256(std::string(63, 'a')); },
+     "token_ids_sha256 is not a lowercase hex SHA-256"},
+    {"LabelsLengthMismatch", [](v1::Capsule* c) { Seq(c)->add_labels(1); },
+     "data.sequences[1]: labels and token_ids have different lengths"},
+    {"AttentionMaskLengthMismatch",
+     [](v1::Capsule* c) { Seq(c)->set_attention_mask(std::string(3, '\x01')); },
+     "data.sequences[1]: a mask and token_ids have different lengths"},
+    {"LossMaskLengthMismatch",
+     [](v1::Capsule* c) { Seq(c)->set_loss_mask(std::string(5, '\x00')); },
+     "a mask and token_ids have different lengths"},
+    {"AttentionMaskNotZeroOne",
+     [](v1::Capsule* c) { Seq(c)->set_attention_mask(std::string("\x01\x02\x01\x01", 4)); },
+     "data.sequences[1]: a mask byte is not 0 or 1"},
+    {"LossMaskAsciiOne", [](v1::Capsule* c) { Seq(c)->set_loss_mask("1111"); },
+     "a mask byte is not 0 or 1"},
+    {"MaskLengthAgainstTokenCount",
+     [](v1::Capsule* c) {
+       // After `redact --drop tokens` the length rule uses token_count.
+       Seq(c)->clear_token_ids();
+       Seq(c)->clear_labels();
+       Seq(c)->set_token_count(5);
+     },
+     "a mask and token_ids have different lengths"},
+    {"IdentityFileSha256Bad",
+     [](v1::Capsule* c) { c->mutable_identity()->mutable_files(1)->set_sha256("abc"); },
+     "identity.files[1].sha256: must be 64 lowercase hex characters"},
+    {"IdentityFileSha256Missing",
+     [](v1::Capsule* c) { c->mutable_identity()->mutable_files(0)->clear_sha256(); },
+     "identity.files[0].sha256: must be 64 lowercase hex characters"},
+    {"IdentityFileNegativeSize",
+     [](v1::Capsule* c) { c->mutable_identity()->mutable_files(0)->set_size_bytes(-1); },
+     "identity.files[0]: negative size"},
+    {"ModelSha256Bad",
+     [](v1::Capsule* c) { c->mutable_identity()->set_model_sha256(std::string(64, 'g')); },
+     "identity: model_sha256/config_sha256 must be 64 lowercase hex characters"},
+    {"ConfigSha256Bad", [](v1::Capsule* c) { c->mutable_identity()->set_config_sha256("x"); },
+     "identity: model_sha256/config_sha256"},
+    {"ConfigSha256Mismatch",
+     [](v1::Capsule* c) { c->mutable_identity()->set_config_text("{\"d_model\": 65}"); },
+     "identity.config_sha256: does not match config_text"},
+    {"RngNameEmpty", [](v1::Capsule* c) { c->mutable_rng()->mutable_generators(1)->clear_name(); },
+     "rng.generators[1] (): name must be set"},
+    {"RngNameDuplicate",
+     [](v1::Capsule* c) { c->mutable_rng()->mutable_generators(1)->set_name("torch.cpu"); },
+     "rng.generators[1] (torch.cpu): duplicate name"},
+    {"RngKindUnspecified",
+     [](v1::Capsule* c) {
+       c->mutable_rng()->mutable_generators(0)->set_kind(v1::RNG_KIND_UNSPECIFIED);
+     },
+     "rng.generators[0] (torch.cpu): kind must be set"},
+    {"RngStateEmpty",
+     [](v1::Capsule* c) { c->mutable_rng()->mutable_generators(1)->clear_state(); },
+     "rng.generators[1] (sampler): state must not be empty"},
+    {"LayerPhaseUnspecified",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->mutable_layers(1)->set_phase(v1::PHASE_UNSPECIFIED);
+     },
+     "numerics.layers[1] (blocks.0): phase must be set"},
+    {"LayerNegativeIndex",
+     [](v1::Capsule* c) { c->mutable_numerics()->mutable_layers(3)->set_index(-1); },
+     "numerics.layers[3] (loss): negative index"},
+    {"LayerMetaDtypeUnspecified",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->mutable_layers(0)->mutable_meta()->set_dtype(v1::DTYPE_UNSPECIFIED);
+     },
+     "numerics.layers[0] (embed).meta: dtype is unspecified"},
+    {"LayerMetaDtypeUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->mutable_layers(0)->mutable_meta()->set_dtype(
+           static_cast<v1::DType>(77));
+     },
+     "dtype is unspecified"},
+    {"LayerMetaStridesRank",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->mutable_layers(0)->mutable_meta()->add_strides(1);
+     },
+     "numerics.layers[0] (embed).meta: strides and shape have different ranks"},
+    {"LayerMetaNegativeDim",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->mutable_layers(0)->mutable_meta()->set_shape(1, -4);
+     },
+     "numerics.layers[0] (embed).meta: negative dimension in shape"},
+    {"LayerMetaNegativeOffset",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->mutable_layers(0)->mutable_meta()->set_storage_offset(-1);
+     },
+     "numerics.layers[0] (embed).meta: negative storage offset"},
+    {"StatsNegativeNumel", [](v1::Capsule* c) { Stats(c)->set_numel(-1); },
+     "numerics.layers[2] (blocks.1).stats: negative numel"},
+    {"StatsNegativeCount", [](v1::Capsule* c) { Stats(c)->set_zero_count(-1); },
+     "numerics.layers[2] (blocks.1).stats: a count is outside [0, numel]"},
+    {"StatsCountAboveNumel", [](v1::Capsule* c) { Stats(c)->set_nan_count(65); },
+     "a count is outside [0, numel]"},
+    {"StatsCountsSumAboveNumel",
+     [](v1::Capsule* c) {
+       Stats(c)->set_nan_count(30);
+       Stats(c)->set_zero_count(34);
+     },
+     "counts add up to more than numel"},
+    {"StatsCountsSumOverflows",
+     [](v1::Capsule* c) {
+       // Four counts of 2^62 add up to 2^64: the sum must not wrap around to "fits".
+       v1::HealthStats* s = Stats(c);
+       s->set_numel(kInt64Max);
+       s->set_nan_count(int64_t{1} << 62);
+       s->set_pos_inf_count(int64_t{1} << 62);
+       s->set_neg_inf_count(int64_t{1} << 62);
+       s->set_zero_count(int64_t{1} << 62);
+       s->set_first_nonfinite_index(0);
+     },
+     "counts add up to more than numel"},
+    {"StatsFirstNonfiniteAboveNumel",
+     [](v1::Capsule* c) { Stats(c)->set_first_nonfinite_index(64); },
+     "first_nonfinite_index is outside [-1, numel)"},
+    {"StatsFirstNonfiniteBelowMinusOne",
+     [](v1::Capsule* c) { Stats(c)->set_first_nonfinite_index(-2); },
+     "first_nonfinite_index is outside [-1, numel)"},
+    {"StatsNonfiniteWithoutIndex", [](v1::Capsule* c) { Stats(c)->set_first_nonfinite_index(-1); },
+     "first_nonfinite_index disagrees with the non-finite counts"},
+    {"StatsIndexWithoutNonfinite",
+     [](v1::Capsule* c) {
+       Stats(c)->set_nan_count(0);
+       Stats(c)->set_pos_inf_count(0);
+       Stats(c)->set_neg_inf_count(0);
+     },
+     "first_nonfinite_index disagrees with the non-finite counts"},
+    {"FirstAnomalousIndexBelowMinusOne",
+     [](v1::Capsule* c) { c->mutable_numerics()->set_first_anomalous_index(-2); },
+     "numerics.first_anomalous_index: must be >= -1"},
+    {"TensorNameEmpty", [](v1::Capsule* c) { Tensor(c, 1)->clear_name(); },
+     "tensors[1] (): name must be set"},
+    {"TensorNameDuplicate", [](v1::Capsule* c) { Tensor(c, 1)->set_name("input_ids"); },
+     "tensors[1] (input_ids): duplicate name"},
+    {"TensorDtypeUnspecified",
+     [](v1::Capsule* c) { Tensor(c, 0)->mutable_meta()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+     "tensors[0] (input_ids): dtype is unspecified"},
+    {"TensorNegativeDim", [](v1::Capsule* c) { Tensor(c, 0)->mutable_meta()->set_shape(0, -2); },
+     "tensors[0] (input_ids): negative dimension in shape"},
+    {"TensorShapeTooLarge",
+     [](v1::Capsule* c) {
+       v1::TensorMeta* m = Tensor(c, 0)->mutable_meta();
+       m->set_shape(0, int64_t{1} << 40);
+       m->set_shape(1, int64_t{1} << 40);
+     },
+     "tensors[0] (input_ids): shape is too large"},
+    {"TensorShapeOverflowsInt64",
+     [](v1::Capsule* c) {
+       v1::TensorMeta* m = Tensor(c, 0)->mutable_meta();
+       m->set_shape(0, kInt64Max);
+       m->set_shape(1, kInt64Max);
+     },
+     "shape is too large"},
+    {"TensorDataTooShort", [](v1::Capsule* c) { Tensor(c, 1)->mutable_data()->pop_back(); },
+     "tensors[1] (blocks.0.attn.qkv.weight): data is 23 bytes, expected 24 for float32[2,3]"},
+    {"TensorDataTooLong", [](v1::Capsule* c) { Tensor(c, 0)->mutable_data()->append(8, '\0'); },
+     "tensors[0] (input_ids): data is 72 bytes, expected 64 for int64[2,4]"},
+    {"TensorDtypeChangesTheSize",
+     [](v1::Capsule* c) { Tensor(c, 1)->mutable_meta()->set_dtype(v1::FLOAT64); },
+     "data is 24 bytes, expected 48 for float64[2,3]"},
+    {"TensorSha256NotHex", [](v1::Capsule* c) { Tensor(c, 0)->set_sha256(std::string(64, 'z')); },
+     "tensors[0] (input_ids): sha256 must be 64 lowercase hex"},
+    {"TensorSha256Uppercase",
+     [](v1::Capsule* c) {
+       std::string h = Tensor(c, 0)->sha256();
+       for (char& ch : h) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+       Tensor(c, 0)->set_sha256(h);
+     },
+     "sha256 must be 64 lowercase hex"},
+    {"TensorSha256Mismatch", [](v1::Capsule* c) { Tensor(c, 1)->set_sha256(Sha256Hex("other")); },
+     "tensors[1] (blocks.0.attn.qkv.weight): sha256 does not match data", true},
+    {"BatchTensorNameUnknown",
+     [](v1::Capsule* c) { c->mutable_data()->add_tensor_names("labels"); },
+     "data.tensor_names[1]: names no tensor in tensors (labels)"},
+    {"PlacementRankAtWorldSize", [](v1::Capsule* c) { c->mutable_placement()->set_rank(4); },
+     "placement: rank must be in [0, world_size)"},
+    {"PlacementNegativeRank", [](v1::Capsule* c) { c->mutable_placement()->set_rank(-1); },
+     "placement: rank must be in [0, world_size)"},
+    {"PlacementNegativeWorldSize",
+     [](v1::Capsule* c) { c->mutable_placement()->set_world_size(-1); },
+     "placement: rank must be in [0, world_size)"},
+    {"AnnotationEmptyKey", [](v1::Capsule* c) { (*c->mutable_annotations())[""] = "v"; },
+     "annotations: keys must not be empty"},
+    {"RedactionUnknownItem", [](v1::Capsule* c) { c->mutable_redaction()->add_dropped("weights"); },
+     "redaction.dropped: unknown item weights"},
+};
+
+class ValidateRuleTest : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(ValidateRuleTest, BreakingTheRuleIsInvalidArgument) {
+  v1::Capsule c = MakeFullCapsule();
+  GetParam().breaks(&c);
+  EXPECT_TRUE(HasError(ValidateCapsule(c), StatusCode::kInvalidArgument, GetParam().message));
+}
+
+TEST_P(ValidateRuleTest, TheWriterRefusesIt) {
+  // Digests are checked by default when writing: a writer that hashed the wrong bytes is caught.
+  v1::Capsule c = MakeFullCapsule();
+  GetParam().breaks(&c);
+  const Status s = EncodeCapsule(c, WriteOptions()).status();
+  EXPECT_TRUE(HasError(s, StatusCode::kInvalidArgument, GetParam().message));
+  EXPECT_EQ(s.message().rfind("refusing to write an invalid capsule: ", 0), 0u) << s;
+}
+
+TEST_P(ValidateRuleTest, TheReaderRefusesIt) {
+  v1::Capsule c = MakeFullCapsule();
+  GetParam().breaks(&c);
+  WriteOptions w;
+  w.validate = false;
+  StatusOr<std::string> bytes = EncodeCapsule(c, w);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ReadOptions r;
+  r.allow_unsigned = true;
+  r.verify_tensor_digests = GetParam().needs_digest_check;
+  const Status s = DecodeCapsule(*bytes, r).status();
+  EXPECT_TRUE(HasError(s, StatusCode::kInvalidArgument, GetParam().message));
+  EXPECT_EQ(s.message().rfind("invalid capsule content: ", 0), 0u) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, ValidateRuleTest, ::testing::ValuesIn(kRules),
+                         [](const ::testing::TestParamInfo<Rule>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(ValidateTest, EdgeValuesThatAreValid) {
+  v1::Capsule c = MakeFullCapsule();
+  c.mutable_placement()->set_world_size(0);  // unknown world size: any rank >= 0
+  c.mutable_placement()->set_rank(12);
+  c.mutable_numerics()->set_first_anomalous_index(-1);
+  Seq(&c)->clear_attention_mask();  // empty mask = all ones
+  Seq(&c)->clear_token_ids_sha256();
+  v1::TensorBlob* empty = c.add_tensors();
+  SetTensor(empty, "empty", v1::FLOAT32, {0, 5}, "");
+  v1::TensorBlob* scalar = c.add_tensors();
+  SetTensor(scalar, "scalar", v1::BOOL, {}, std::string(1, '\x01'));
+  v1::HealthStats* s = Stats(&c);
+  s->set_numel(0);
+  s->set_nan_count(0);
+  s->set_pos_inf_count(0);
+  s->set_neg_inf_count(0);
+  s->set_zero_count(0);
+  s->set_first_nonfinite_index(-1);
+  EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+}
+
+}  // namespace
+}  // namespace capsule::test

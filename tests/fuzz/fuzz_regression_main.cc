@@ -1,0 +1,62 @@
+// Regression driver for the DecodeCapsule fuzz target: feeds every file of a corpus directory to
+// LLVMFuzzerTestOneInput, as libFuzzer would, in a normal (non-fuzzer) build, so crashes once
+// found stay fixed under plain ctest.
+//
+// Seed names carry an expectation the driver also checks, so seeds cannot rot silently into
+// inputs that stop at the first check: "ok-*" must decode, "bad-*" must be rejected (see
+// capsule::fuzz::DecodeForRegression). Other files (crash reproducers) only must not crash.
+//
+//   capsule_fuzz_regression tests/fuzz/corpus
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "tests/fuzz/decode_capsule_fuzzer.h"
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::directory_iterator(argv[1], ec)) {
+    if (entry.is_regular_file()) files.push_back(entry.path());
+  }
+  if (ec) {
+    std::fprintf(stderr, "cannot list %s: %s\n", argv[1], ec.message().c_str());
+    return 2;
+  }
+  // An empty or mistyped directory must not pass as "no crashes".
+  if (files.empty()) {
+    std::fprintf(stderr, "no corpus files in %s\n", argv[1]);
+    return 2;
+  }
+  std::sort(files.begin(), files.end());
+
+  int failures = 0;
+  for (const auto& path : files) {
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) {
+      std::fprintf(stderr, "cannot read %s\n", path.c_str());
+      return 2;
+    }
+    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+
+    const std::string name = path.filename().string();
+    const capsule::Status s = capsule::fuzz::DecodeForRegression(bytes);
+    const bool want_ok = name.rfind("ok-", 0) == 0;
+    const bool want_bad = name.rfind("bad-", 0) == 0;
+    const bool wrong = (want_ok && !s.ok()) || (want_bad && s.ok());
+    std::printf("%-4s %-40s %s\n", wrong ? "FAIL" : "ok", name.c_str(), s.ToString().c_str());
+    if (wrong) ++failures;
+  }
+  std::printf("%zu files, %d unexpected results\n", files.size(), failures);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,226 @@
+// Writes the seed corpus of the DecodeCapsule fuzzer: small valid capsules (signed with the
+// test-only fuzz key, and unsigned), serialized messages, and one invalid capsule per reader rule.
+// The output is deterministic, so regenerating only changes files when the format changes.
+//
+//   capsule_fuzz_make_corpus tests/fuzz/corpus
+//
+// "ok-*" files must decode and "bad-*" files must be rejected (the regression driver checks it).
+#include <zstd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "proto/capsule.pb.h"
+#include "proto/capsule_writer.h"
+#include "proto/envelope.h"
+#include "proto/envelope_format.h"
+#include "proto/internal/zstd_codec.h"
+#include "proto/sha256.h"
+#include "tests/fuzz/decode_capsule_fuzzer.h"
+
+namespace capsule::fuzz {
+namespace {
+
+template <typename T>
+T Must(StatusOr<T> s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "make_fuzz_corpus: %s\n", s.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(s);
+}
+
+v1::Capsule Minimal() {
+  v1::Capsule c;
+  c.set_writer_version("0.1.0");
+  c.set_created_unix_micros(1700000000000000);
+  c.mutable_trigger()->set_kind(v1::NON_FINITE_LOSS);
+  c.mutable_step()->set_global_step(7);
+  return c;
+}
+
+// Touches most messages while staying well under 4 KB.
+v1::Capsule Small() {
+  v1::Capsule c = Minimal();
+  c.set_run_name("fuzz");
+  c.mutable_trigger()->set_observed(12.5);
+  c.mutable_trigger()->set_rule("loss > 4");
+  for (int64_t s : {5, 6, 7}) {
+    v1::StepScalars* h = c.mutable_step()->add_history();
+    h->set_step(s);
+    h->set_loss(1.0 * s);
+  }
+  v1::Sequence* seq = c.mutable_data()->add_sequences();
+  for (int64_t t : {1, 2, 3}) seq->add_token_ids(t);
+  seq->add_labels(2);
+  seq->add_labels(3);
+  seq->add_labels(-100);
+  seq->set_attention_mask(std::string("\x01\x01\x00", 3));
+  c.mutable_data()->add_tensor_names("input_ids");
+  v1::FileIdentity* f = c.mutable_identity()->add_files();
+  f->set_role("tokenizer");
+  f->set_sha256(Sha256Hex("tok"));
+  c.mutable_identity()->set_config_text("{}");
+  c.mutable_identity()->set_config_sha256(Sha256Hex("{}"));
+  v1::RngBlob* g = c.mutable_rng()->add_generators();
+  g->set_name("torch.cpu");
+  g->set_kind(v1::TORCH_CPU_GENERATOR);
+  g->set_state("state");
+  v1::LayerStats* l = c.mutable_numerics()->add_layers();
+  l->set_name("embed");
+  l->set_phase(v1::FORWARD);
+  l->mutable_meta()->set_dtype(v1::FLOAT32);
+  l->mutable_meta()->add_shape(2);
+  l->mutable_stats()->set_numel(2);
+  l->mutable_stats()->set_nan_count(1);
+  l->mutable_stats()->set_first_nonfinite_index(1);
+  c.mutable_numerics()->set_first_anomalous_index(0);
+  v1::TensorBlob* t = c.add_tensors();
+  t->set_name("input_ids");
+  t->mutable_meta()->set_dtype(v1::INT64);
+  t->mutable_meta()->add_shape(1);
+  t->mutable_meta()->add_shape(3);
+  const int64_t ids[] = {1, 2, 3};
+  t->set_data(std::string(reinterpret_cast<const char*>(ids), sizeof(ids)));
+  t->set_sha256(Sha256Hex(t->data()));
+  c.mutable_placement()->set_world_size(2);
+  c.mutable_placement()->set_rank(1);
+  (*c.mutable_environment()->mutable_libraries())["zstd"] = "1.5";
+  (*c.mutable_annotations())["k"] = "v";
+  c.mutable_redaction()->add_dropped("text");
+  return c;
+}
+
+std::string Serialize(const v1::Capsule& c) {
+  std::string s;
+  c.SerializeToString(&s);
+  return s;
+}
+
+std::string Encode(const v1::Capsule& c, const PrivateKey* key, uint32_t optional_flags = 0,
+                   bool validate = true) {
+  WriteOptions w;
+  w.signing_key = key;
+  w.optional_flags = optional_flags;
+  w.validate = validate;
+  return Must(EncodeCapsule(c, w));
+}
+
+std::string SealUnsigned(std::string_view frame, uint64_t uncompressed) {
+  return Must(SealEnvelope(frame, uncompressed, SealOptions()));
+}
+
+// An unsigned capsule with a 1.1 header of 64 bytes: fields a later minor version appends.
+std::string LongerHeader(const v1::Capsule& c) {
+  const std::string serialized = Serialize(c);
+  const std::string frame = Must(internal::ZstdCompress(serialized, internal::CompressOptions()));
+  std::string header = SealUnsigned(frame, serialized.size()).substr(0, kHeaderSizeV1);
+  StoreLe16(&header[kOffMinor], 1);
+  StoreLe32(&header[kOffHeaderSize], 64);
+  header.append(16, '\x5a');
+  std::string out = header + frame;
+  char fixed[8] = {};
+  out.append(fixed, sizeof(fixed));
+  out.append(kSha256Size, '\0');
+  out.append(Sha256(SignedMessage(header, frame)));
+  char tail[4];
+  StoreLe32(tail, kTrailerFixedSize);
+  out.append(tail, sizeof(tail));
+  out.append(kEndMagic);
+  return out;
+}
+
+// A frame that pledges 100 GB and stops after one flushed block.
+std::string BombFrame() {
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+  ZSTD_CCtx_setPledgedSrcSize(cctx, 100'000'000'000ull);
+  const std::string chunk(1024, 'a');
+  std::string out(4096, '\0');
+  ZSTD_inBuffer in{chunk.data(), chunk.size(), 0};
+  ZSTD_outBuffer o{out.data(), out.size(), 0};
+  ZSTD_compressStream2(cctx, &o, &in, ZSTD_e_flush);
+  ZSTD_freeCCtx(cctx);
+  out.resize(o.pos);
+  return out;
+}
+
+std::string Flip(std::string s, size_t offset) {
+  s[offset] ^= 0x01;
+  return s;
+}
+
+void Write(const std::string& dir, const std::string& name, const std::string& bytes) {
+  const std::string path = dir + "/" + name;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  if (!out.good()) {
+    std::fprintf(stderr, "make_fuzz_corpus: cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
+  std::printf("%6zu %s\n", bytes.size(), name.c_str());
+}
+
+int Main(const std::string& dir) {
+  const PrivateKey key = FuzzSigningKey();
+  const PrivateKey other = Must(PrivateKey::FromRaw(std::string(kEd25519KeySize, '\x42')));
+
+  const std::string signed_small = Encode(Small(), &key);
+  Write(dir, "ok-signed-minimal.capsule", Encode(Minimal(), &key));
+  Write(dir, "ok-unsigned-minimal.capsule", Encode(Minimal(), nullptr));
+  Write(dir, "ok-signed-small.capsule", signed_small);
+  Write(dir, "ok-unsigned-small-flags.capsule",
+        Encode(Small(), nullptr, kOptionalFlagRedacted | (1u << 30)));
+  Write(dir, "ok-unsigned-longer-header.capsule", LongerHeader(Minimal()));
+  Write(dir, "ok-message-minimal.pb", Serialize(Minimal()));
+  Write(dir, "ok-message-small.pb", Serialize(Small()));
+
+  v1::Capsule invalid = Small();
+  invalid.clear_trigger();
+  Write(dir, "bad-message-invalid.pb", Serialize(invalid));
+  Write(dir, "bad-message-junk.pb",
+        std::string("\x0a\x05"
+                    "0.1.0\x0f",
+                    8));
+
+  const size_t payload_mid = kHeaderSizeV1 + LoadLe64(&signed_small[kOffPayloadSize]) / 2;
+  Write(dir, "bad-truncated.capsule", signed_small.substr(0, payload_mid));
+  Write(dir, "bad-magic.capsule", Flip(signed_small, 1));
+  SealOptions newer;
+  newer.major = 2;
+  Write(dir, "bad-newer-major.capsule", Must(SealEnvelope("x", 1, newer)));
+  SealOptions flagged;
+  flagged.signing_key = &key;
+  flagged.required_flags = 1;
+  Write(dir, "bad-required-flag.capsule", Must(SealEnvelope("x", 1, flagged)));
+  Write(dir, "bad-digest.capsule", Flip(signed_small, payload_mid));
+  Write(dir, "bad-untrusted.capsule", Encode(Minimal(), &other));
+  Write(dir, "bad-signature.capsule", Flip(signed_small, signed_small.size() - 20 - 12));
+  Write(dir, "bad-trailing.capsule", signed_small + "tail");
+
+  const std::string serialized = Serialize(Small());
+  std::string frame = Must(internal::ZstdCompress(serialized, internal::CompressOptions()));
+  frame.back() ^= 0x01;
+  Write(dir, "bad-zstd-checksum.capsule", SealUnsigned(frame, serialized.size()));
+  const std::string junk = "\x0f not a protobuf";
+  Write(dir, "bad-not-protobuf.capsule",
+        SealUnsigned(Must(internal::ZstdCompress(junk, internal::CompressOptions())), junk.size()));
+  Write(dir, "bad-invalid-content.capsule", Encode(invalid, nullptr, 0, /*validate=*/false));
+  v1::Capsule wrong_digest = Small();
+  wrong_digest.mutable_tensors(0)->set_sha256(Sha256Hex("other"));
+  Write(dir, "bad-tensor-digest.capsule", Encode(wrong_digest, nullptr, 0, /*validate=*/false));
+  Write(dir, "bad-bomb.capsule", SealUnsigned(BombFrame(), 100'000'000'000ull));
+  return 0;
+}
+
+}  // namespace
+}  // namespace capsule::fuzz
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUTPUT_DIR\n", argv[0]);
+    return 2;
+  }
+  return capsule::fuzz::Main(argv[1]);
+}
