@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "capture/layer_sequence.h"
+#include "proto/status.h"
 
 namespace capsule {
 
@@ -38,6 +39,11 @@ class Model {
   virtual std::vector<NamedTensor> NamedParameters() const = 0;
 
   virtual ModelSpecInfo Spec() const = 0;
+
+  // Copies values into the parameters by name (replay loads captured weights this way). Every
+  // parameter must be present with its shape; dtype is converted. kInvalidArgument otherwise, and
+  // nothing is copied then.
+  virtual Status LoadParameters(const std::vector<NamedTensor>& params) = 0;
 };
 
 }  // namespace capsule

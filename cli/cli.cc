@@ -3,10 +3,15 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#ifdef CAPSULE_WITH_TORCH
+#include "replay/model_registry.h"
+#endif
 
 namespace capsule::cli {
+namespace {
 
-int Main(int argc, char** argv) {
+// `registry` is null in a build without LibTorch (no replay subcommand).
+int MainImpl(int argc, char** argv, ModelRegistry* registry) {
   CLI::App app{"capsule: failure capsules for ML training — record, verify, inspect, replay"};
   app.set_version_flag("--version", std::string("capsule ") + CAPSULE_VERSION);
   app.require_subcommand(1);
@@ -14,6 +19,9 @@ int Main(int argc, char** argv) {
   SetupKeygenCommand(app, &run);
   SetupInspectCommand(app, &run);
   SetupVerifyCommand(app, &run);
+#ifdef CAPSULE_WITH_TORCH
+  SetupReplayCommand(app, &run, registry);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -24,6 +32,19 @@ int Main(int argc, char** argv) {
   }
   if (!run) return kExitError;
   return run();
+}
+
+}  // namespace
+
+int Main(int argc, char** argv, ModelRegistry& registry) { return MainImpl(argc, argv, &registry); }
+
+int Main(int argc, char** argv) {
+#ifdef CAPSULE_WITH_TORCH
+  ModelRegistry registry;
+  return MainImpl(argc, argv, &registry);
+#else
+  return MainImpl(argc, argv, nullptr);
+#endif
 }
 
 }  // namespace capsule::cli

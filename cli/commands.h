@@ -7,8 +7,13 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+namespace capsule {
+class ModelRegistry;
+}  // namespace capsule
 
 namespace capsule::cli {
 
@@ -42,6 +47,25 @@ struct VerifyOptions {
 };
 void SetupVerifyCommand(CLI::App& app, RunFn* run);
 int RunVerifyCommand(const VerifyOptions& options);
+
+#ifdef CAPSULE_WITH_TORCH
+struct ReplayCliOptions {
+  std::string file;
+  std::vector<std::string> plugins;
+  TrustOptions trust;
+  std::string weights;
+  bool force = false;
+  std::string phase = "forward";
+  std::string bisect = "bisect";
+  bool bisect_given = false;
+  std::optional<double> atol;
+  std::optional<double> rtol;
+  std::vector<std::string> layer_tol;
+  bool json = false;
+};
+void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
+int RunReplayCommand(const ReplayCliOptions& options, ModelRegistry& registry);
+#endif
 
 }  // namespace capsule::cli
 

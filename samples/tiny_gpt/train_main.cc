@@ -4,6 +4,8 @@
 //
 //   capsule-tiny-gpt train --steps 40 --inject nan --inject-layer blocks.2 --inject-step 5 \
 //       --capsule-dir capsules --key demo.key
+//   capsule-tiny-gpt replay capsules/tiny-step5-rank0-non-finite-loss.capsule --pubkey demo.pub \
+//       --bisect
 #include <ATen/Parallel.h>
 #include <torch/optim/adam.h>
 
@@ -13,6 +15,9 @@
 #include <iostream>
 
 #include "capture/monitor.h"
+#include "cli/cli.h"
+#include "replay/model_registry.h"
+#include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
 
@@ -23,7 +28,9 @@ struct TrainOptions {
   int64_t steps = 50;
   int64_t layers = 4;
   uint64_t seed = 0;
-  int threads = 2;
+  // 1 by default: LibTorch's OpenMP pool spin-waits, and on a small shared machine two threads
+  // can be ten times slower than one for a model this size.
+  int threads = 1;
   int64_t batch_size = 8;
   double lr = 3e-3;
   std::string capsule_dir = "capsules";
@@ -137,6 +144,17 @@ int RunTrain(const TrainOptions& o) {
 }  // namespace capsule::tiny_gpt
 
 int main(int argc, char** argv) {
+  // Everything but `train` is the capsule CLI with tiny_gpt registered, so this one binary can
+  // also replay what it recorded: `capsule-tiny-gpt replay run.capsule --bisect`.
+  if (argc < 2 || std::string(argv[1]) != "train") {
+    capsule::ModelRegistry registry;
+    capsule::tiny_gpt::RegisterTinyGpt(registry);
+    if (argc < 2) {
+      std::cout << "capsule-tiny-gpt train [--help]: train tiny_gpt with capsule's Monitor\n"
+                << "capsule-tiny-gpt SUBCOMMAND ...: the capsule CLI with tiny_gpt registered\n\n";
+    }
+    return capsule::cli::Main(argc, argv, registry);
+  }
   using capsule::tiny_gpt::TrainOptions;
   CLI::App app{"capsule-tiny-gpt: the tiny_gpt sample trainer with capsule's Monitor"};
   app.require_subcommand(1);

@@ -1,0 +1,213 @@
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "proto/capsule.pb.h"
+#include "proto/capsule_reader.h"
+#include "proto/file_util.h"
+#include "proto/replay_report.pb.h"
+#include "proto/sha256.h"
+#include "replay/plugin_loader.h"
+#include "replay/replayer.h"
+
+namespace capsule::cli {
+namespace {
+
+std::string Num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", v);
+  return buf;
+}
+
+std::string Pad(const std::string& s, size_t width) {
+  return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
+}
+
+void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
+  out << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text() << "\n";
+  out << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail() << ")\n";
+  out << "loss: optimized " << Num(r.optimized_loss()) << ", reference " << Num(r.reference_loss())
+      << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; " << r.intra_op_threads()
+      << " intra-op threads\n";
+  for (const auto& w : r.warnings()) out << "warning: " << w << "\n";
+  out << "\n"
+      << Pad("phase", 9) << Pad("layer", 12) << Pad("tensor", 26) << Pad("max abs err", 13)
+      << Pad("max rel err", 13) << Pad("non-finite", 12) << "verdict\n";
+  for (const auto& l : r.layers()) {
+    std::string verdict = l.verdict() == v1::DIVERGED ? "DIVERGED" : "ok";
+    if (l.name() == r.first_divergent_layer() && l.phase() == r.first_divergent_phase()) {
+      verdict += "  <- first divergence";
+    }
+    out << Pad(l.phase() == v1::FORWARD ? "forward" : "backward", 9) << Pad(l.name(), 12)
+        << Pad(l.tensor(), 26) << Pad(Num(l.max_abs_err()), 13) << Pad(Num(l.max_rel_err()), 13)
+        << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict << "\n";
+  }
+  if (r.has_bisect()) {
+    const auto& b = r.bisect();
+    out << "\nbisect (" << b.strategy() << "): first bad layer "
+        << (b.first_bad_layer().empty() ? "none" : b.first_bad_layer()) << " after " << b.probes()
+        << " composite runs of " << b.layers() << " layers (bound " << b.probe_bound() << ")";
+    if (b.strategy() == "linear") out << (b.monotonic() ? "; monotonic" : "; NOT monotonic");
+    out << "\n";
+    for (const auto& p : b.probe_log()) {
+      out << "  k=" << Pad(std::to_string(p.k()), 4) << Pad(p.bad() ? "bad" : "good", 6)
+          << "max rel err " << Pad(Num(p.max_rel_err()), 10) << "non-finite "
+          << p.nonfinite_mismatch() << "\n";
+    }
+  }
+  if (!r.replay_command().empty()) out << "\nreplay: " << r.replay_command() << "\n";
+}
+
+std::string ToJson(const v1::ReplayReport& r) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  o.always_print_primitive_fields = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(r, &json, o);
+  // "No divergent layer" is null, not an empty name.
+  const std::string empty = "\"first_divergent_layer\":\"\"";
+  const size_t at = json.find(empty);
+  if (at != std::string::npos) json.replace(at, empty.size(), "\"first_divergent_layer\":null");
+  return json;
+}
+
+// Parses "NAME=ATOL,RTOL".
+bool ParseLayerTol(const std::string& s, std::string* name, Tolerance* tol) {
+  const size_t eq = s.find('=');
+  const size_t comma = s.find(',', eq == std::string::npos ? 0 : eq);
+  if (eq == std::string::npos || eq == 0 || comma == std::string::npos) return false;
+  try {
+    *name = s.substr(0, eq);
+    tol->atol = std::stod(s.substr(eq + 1, comma - eq - 1));
+    tol->rtol = std::stod(s.substr(comma + 1));
+  } catch (const std::exception&) {
+    return false;
+  }
+  return tol->atol >= 0 && tol->rtol >= 0;
+}
+
+}  // namespace
+
+void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
+  auto options = std::make_shared<ReplayCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "replay", "Re-run a capsule: does the failure reproduce, and where do the paths diverge?");
+  cmd->add_option("file", options->file, "Capsule file")->required();
+  cmd->add_option("--plugin", options->plugins,
+                  "Shared library registering the capsule's model; repeatable")
+      ->check(CLI::ExistingFile);
+  auto* pub = cmd->add_option("--pubkey", options->trust.pubkeys,
+                              "Trusted public key (PEM); repeatable")
+                  ->check(CLI::ExistingFile);
+  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
+                "Replay an unsigned capsule, or one whose signer is not given with --pubkey")
+      ->excludes(pub);
+  cmd->add_option("--weights", options->weights,
+                  "Capsule holding all weights, when this one does not embed them")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--force", options->force,
+                "Replay despite a torch version or model hash mismatch");
+  cmd->add_option("--phase", options->phase, "Layerwise phases to compare")
+      ->check(CLI::IsMember({"forward", "backward", "both"}));
+  cmd->add_option("--bisect", options->bisect,
+                  "Find the first bad layer by composite runs: bisect (default) or linear")
+      ->expected(0, 1)
+      ->default_str("bisect")
+      ->check(CLI::IsMember({"bisect", "linear"}));
+  cmd->add_option("--atol", options->atol, "Absolute tolerance for every layer")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rtol", options->rtol, "Relative tolerance for every layer")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--layer-tol", options->layer_tol, "Per-layer tolerance NAME=ATOL,RTOL");
+  cmd->add_flag("--json", options->json, "Print the result as JSON");
+  cmd->callback([options, run, registry, cmd] {
+    options->bisect_given = cmd->count("--bisect") > 0;
+    *run = [options, registry] { return RunReplayCommand(*options, *registry); };
+  });
+}
+
+int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
+  ReplayOptions options;
+  options.weights_path = o.weights;
+  options.force = o.force;
+  options.forward = o.phase != "backward";
+  options.backward = o.phase != "forward";
+  if (o.bisect_given) {
+    options.bisect = o.bisect == "linear" ? BisectMode::kLinear : BisectMode::kBisect;
+  }
+  if (o.atol || o.rtol) {
+    options.compare.tolerance = Tolerance{o.atol.value_or(0), o.rtol.value_or(0)};
+  }
+  for (const std::string& s : o.layer_tol) {
+    std::string name;
+    Tolerance tol;
+    if (!ParseLayerTol(s, &name, &tol)) {
+      std::cerr << "capsule: --layer-tol " << s << " is not NAME=ATOL,RTOL\n";
+      return kExitError;
+    }
+    options.compare.layer_tolerance[name] = tol;
+  }
+  const bool tty = ::isatty(2);
+  if (tty) {
+    options.progress = [](const std::string& stage) {
+      std::cerr << "\r\033[K[replay] " << stage << std::flush;
+    };
+  }
+
+  for (const std::string& p : o.plugins) {
+    Status s = LoadPlugin(p, registry);
+    if (!s.ok()) {
+      PrintError(s);
+      return kExitError;
+    }
+  }
+  auto read_options = MakeReadOptions(o.trust.pubkeys, o.trust.allow_unsigned);
+  if (!read_options.ok()) {
+    PrintError(read_options.status());
+    return kExitError;
+  }
+  read_options->allow_untrusted = o.trust.allow_unsigned;
+  auto bytes = ReadFileBytes(o.file, read_options->max_file_bytes);
+  if (!bytes.ok()) {
+    PrintError(bytes.status());
+    return kExitError;
+  }
+  auto decoded = DecodeCapsule(*bytes, *read_options);
+  if (!decoded.ok()) {
+    // Replay cannot judge a capsule it cannot trust: every refusal is an error here.
+    PrintError(decoded.status().WithContext(o.file));
+    return kExitError;
+  }
+  auto report = ReplayCapsule(*decoded->capsule, registry, options);
+  if (tty) std::cerr << "\r\033[K" << std::flush;
+  if (!report.ok()) {
+    PrintError(report.status());
+    return kExitError;
+  }
+  report->set_capsule(o.file);
+  report->set_capsule_sha256(Sha256Hex(*bytes));
+  std::string cmd = "capsule replay " + o.file;
+  for (const auto& p : o.plugins) cmd += " --plugin " + p;
+  for (const auto& k : o.trust.pubkeys) cmd += " --pubkey " + k;
+  if (o.trust.allow_unsigned) cmd += " --allow-unsigned";
+  if (o.bisect_given) cmd += " --bisect=" + o.bisect;
+  if (o.phase != "forward") cmd += " --phase " + o.phase;
+  report->set_replay_command(cmd);
+  if (o.json) {
+    std::cout << ToJson(*report) << "\n";
+  } else {
+    PrintHuman(*report, std::cout);
+  }
+  return report->diagnosis() == v1::NO_DIVERGENCE ? kExitOk : kExitInvalid;
+}
+
+}  // namespace capsule::cli

@@ -1,0 +1,582 @@
+#include "replay/replayer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "bisect/search.h"
+#include "capture/environment.h"
+#include "capture/hashing.h"
+#include "capture/layer_probe.h"
+#include "capture/rng_state.h"
+#include "capture/tensor_codec.h"
+#include "proto/capsule.pb.h"
+#include "proto/capsule_reader.h"
+#include "proto/replay_report.pb.h"
+
+namespace capsule {
+
+Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype) {
+  // The oracle compares a composite run's final outputs (logits and loss) with the all-reference
+  // run, so the error of every optimized layer in the prefix accumulates. Measured on clean
+  // tiny_gpt (4 and 8 blocks, seeds 0-2, trained 0 and 30 steps): with every layer optimized,
+  // logits max abs err <= 3e-6 and loss rel err <= 5e-7; an injected finite fault (eps,
+  // tail-block) moves the logits by >= 1e-2. The defaults sit about 30x above the clean worst case.
+  const Tolerance layer = DefaultTolerance(candidate_dtype);
+  return Tolerance{layer.atol * 10, layer.rtol * 10};
+}
+
+namespace {
+
+using TensorListT = std::vector<at::Tensor>;
+
+// A layer's tensors cast to a path's compute dtype: floating tensors change dtype, index tensors
+// (token ids) stay. Detached: each layerwise run starts from fixed inputs.
+TensorListT CastTo(const TensorListT& xs, at::ScalarType dtype, bool requires_grad = false) {
+  TensorListT out;
+  out.reserve(xs.size());
+  for (const at::Tensor& x : xs) {
+    if (!x.defined() || !x.is_floating_point()) {
+      out.push_back(x.defined() ? x.detach() : x);
+      continue;
+    }
+    at::Tensor y = x.detach().to(dtype).clone();
+    if (requires_grad) y.set_requires_grad(true);
+    out.push_back(y);
+  }
+  return out;
+}
+
+Status FromTorch(const c10::Error& e, const std::string& what) {
+  return InternalError(what + ": " + e.what_without_backtrace());
+}
+
+const v1::TensorBlob* FindTensor(const v1::Capsule& c, const std::string& name) {
+  for (const auto& t : c.tensors()) {
+    if (t.name() == name) return &t;
+  }
+  return nullptr;
+}
+
+StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
+  LayerBatch b;
+  b.labels_shifted = c.data().labels_shifted();
+  const v1::TensorBlob* ids = FindTensor(c, "input_ids");
+  if (ids == nullptr) {
+    bool redacted = false;
+    for (const auto& s : c.data().sequences()) redacted |= !s.token_ids_sha256().empty();
+    if (redacted) {
+      return FailedPreconditionError(
+          "the capsule's token ids were redacted (only their SHA-256 is kept), so the step cannot "
+          "be re-run; replay the unredacted capsule");
+    }
+    return InvalidArgumentError("capsule has no input_ids tensor; it cannot be replayed");
+  }
+  CAPSULE_ASSIGN_OR_RETURN(b.input_ids, TensorFromBlob(*ids));
+  const std::pair<const char*, at::Tensor*> optional_tensors[] = {
+      {"labels", &b.labels}, {"attention_mask", &b.attention_mask}, {"loss_mask", &b.loss_mask}};
+  for (const auto& [name, dst] : optional_tensors) {
+    if (const v1::TensorBlob* t = FindTensor(c, name)) {
+      CAPSULE_ASSIGN_OR_RETURN(*dst, TensorFromBlob(*t));
+    }
+  }
+  return b;
+}
+
+StatusOr<std::vector<NamedTensor>> ParametersOf(const v1::Capsule& c) {
+  std::vector<NamedTensor> params;
+  for (const auto& t : c.tensors()) {
+    if (t.role() != v1::PARAMETER) continue;
+    CAPSULE_ASSIGN_OR_RETURN(at::Tensor p, TensorFromBlob(t));
+    params.emplace_back(t.name(), p);
+  }
+  return params;
+}
+
+Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& model,
+                   v1::ReplayReport& report) {
+  std::vector<NamedTensor> params;
+  std::string source;
+  if (!options.weights_path.empty()) {
+    ReadOptions ro;
+    ro.allow_unsigned = true;  // a weights file is checked by its canonical hash, not its signer
+    ro.allow_untrusted = true;
+    auto weights = ReadCapsuleFile(options.weights_path, ro);
+    if (!weights.ok()) return weights.status().WithContext("--weights");
+    CAPSULE_ASSIGN_OR_RETURN(params, ParametersOf(*weights->capsule));
+    source = "--weights " + options.weights_path;
+  } else {
+    if (c.model().weight_policy() != v1::WEIGHTS_ALL) {
+      return FailedPreconditionError(
+          "the capsule does not embed the model's weights (weight policy " +
+          v1::WeightPolicy_Name(c.model().weight_policy()) +
+          "); pass them with --weights FILE (a capsule written with weight policy ALL)");
+    }
+    CAPSULE_ASSIGN_OR_RETURN(params, ParametersOf(c));
+    source = "the capsule";
+  }
+  if (params.empty()) return FailedPreconditionError("no parameters in " + source);
+  Status s = model.LoadParameters(params);
+  if (!s.ok()) return s.WithContext("cannot load the weights from " + source);
+  CAPSULE_ASSIGN_OR_RETURN(std::string hash, CanonicalModelHash(model.NamedParameters()));
+  if (!c.identity().model_sha256().empty() && hash != c.identity().model_sha256()) {
+    const std::string msg = "weights from " + source + " have model sha256 " + hash.substr(0, 16) +
+                            "…, the capsule was recorded with " +
+                            c.identity().model_sha256().substr(0, 16) + "…";
+    if (!options.force) {
+      return FailedPreconditionError(msg + "; these are another model's weights (--force to "
+                                           "replay anyway)");
+    }
+    report.add_warnings(msg);
+  }
+  return Status::Ok();
+}
+
+Status PinEnvironment(const v1::Capsule& c, const ReplayOptions& options,
+                      v1::ReplayReport& report) {
+  const std::string recorded = c.environment().torch_version();
+  if (!recorded.empty() && recorded != TorchVersion()) {
+    const std::string msg = "capsule was recorded with torch " + recorded + ", this is torch " +
+                            TorchVersion() + "; kernels and RNG streams may differ";
+    if (!options.force) return FailedPreconditionError(msg + " (--force to replay anyway)");
+    report.add_warnings(msg);
+  }
+  const int threads = c.numerics().intra_op_threads() > 0 ? c.numerics().intra_op_threads()
+                                                          : c.environment().intra_op_threads();
+  if (threads > 0) at::set_num_threads(threads);
+  report.set_intra_op_threads(at::get_num_threads());
+  at::globalContext().setDeterministicAlgorithms(c.environment().deterministic_algorithms(),
+                                                 /*warn_only=*/false);
+  return Status::Ok();
+}
+
+Status RestoreRng(const v1::Capsule& c) {
+  std::vector<RngBlobData> blobs;
+  for (const auto& g : c.rng().generators()) {
+    blobs.push_back({g.name(), g.kind(), g.device(), g.state(), g.seed()});
+  }
+  return RestoreTorchRngs(blobs);
+}
+
+void FillComparison(const TensorComparison& t, v1::LayerComparison* out) {
+  out->set_max_abs_err(t.max_abs_err);
+  out->set_max_rel_err(t.max_rel_err);
+  out->set_rms_err_rel(t.rms_err_rel);
+  out->set_cosine(t.cosine);
+  out->set_nonfinite_mismatch(t.nonfinite_mismatch);
+  out->set_failed(t.failed);
+  out->set_numel(t.numel);
+  out->set_fail_fraction(t.fail_fraction);
+  out->set_atol(t.tolerance_used.atol);
+  out->set_rtol(t.tolerance_used.rtol);
+  if (t.top1_agreement) out->set_top1_agreement(*t.top1_agreement);
+  out->set_verdict(t.diverged ? v1::DIVERGED : v1::OK);
+  out->set_reason(t.reason);
+}
+
+// Which comparison is the worse: a divergence beats none, then the larger relative error.
+bool Worse(const TensorComparison& a, const TensorComparison& b) {
+  if (a.diverged != b.diverged) return a.diverged;
+  if (a.nonfinite_mismatch != b.nonfinite_mismatch) {
+    return a.nonfinite_mismatch > b.nonfinite_mismatch;
+  }
+  return a.max_rel_err > b.max_rel_err;
+}
+
+bool IsLogits(const at::Tensor& t, const Model& model, size_t i, size_t n) {
+  // The last non-scalar output before the loss layer is treated as logits (top-1 agreement).
+  return i + 2 == n && t.dim() >= 2;
+}
+
+struct ReferenceRun {
+  std::vector<LayerRecord> layers;  // inputs and first output of each layer, and output grads
+  std::vector<TensorListT> outputs;  // full outputs of each layer (no grad)
+  double loss = 0;
+  bool anomalous = false;
+  double grad_norm = 0;
+};
+
+StatusOr<ReferenceRun> RunReference(LayerSequence& ref, const LayerBatch& batch, bool backward) {
+  ProbeOptions po;
+  po.backward = backward;
+  CAPSULE_ASSIGN_OR_RETURN(ProbeResult r, ProbeStep(ref, batch, po));
+  if (!r.error.empty()) return InternalError("reference path threw: " + r.error);
+  ReferenceRun run;
+  run.loss = r.loss_value;
+  run.grad_norm = r.grad_norm;
+  run.anomalous = r.first_anomalous >= 0 || !std::isfinite(r.loss_value);
+  const size_t n = r.layers.size();
+  for (size_t i = 0; i < n; ++i) {
+    run.outputs.push_back(i + 1 < n ? r.layers[i + 1].inputs : TensorListT{r.loss});
+  }
+  run.layers = std::move(r.layers);
+  return run;
+}
+
+// Forward layerwise: layer i gets the reference input of layer i on both paths.
+Status CompareForward(Model& model, const ReferenceRun& ref_run, const LayerBatch& batch,
+                      const ReplayOptions& options, v1::ReplayReport& report) {
+  LayerSequence& opt = model.Path(PathKind::kOptimized);
+  const size_t n = opt.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (options.progress) options.progress("layerwise forward " + opt.name(i));
+    TensorListT out;
+    try {
+      at::NoGradGuard no_grad;
+      out = opt.Forward(i, CastTo(ref_run.layers[i].inputs, opt.compute_dtype()), batch);
+    } catch (const c10::Error& e) {
+      return FromTorch(e, "optimized layer " + opt.name(i));
+    }
+    const at::Tensor& reference = ref_run.outputs[i].at(0);
+    CAPSULE_ASSIGN_OR_RETURN(
+        TensorComparison cmp,
+        CompareTensors(out.at(0), reference, opt.name(i), options.compare,
+                       IsLogits(reference, model, i, n)));
+    v1::LayerComparison& lc = *report.add_layers();
+    lc.set_index(static_cast<int>(i));
+    lc.set_name(opt.name(i));
+    lc.set_phase(v1::FORWARD);
+    lc.set_tensor("output");
+    FillComparison(cmp, &lc);
+  }
+  return Status::Ok();
+}
+
+// Backward layerwise: for layer i, both paths get the reference input and the reference upstream
+// gradient (d loss / d output_i); their input and parameter gradients are compared.
+Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBatch& batch,
+                       const ReplayOptions& options, v1::ReplayReport& report) {
+  LayerSequence& ref = model.Path(PathKind::kReference);
+  LayerSequence& opt = model.Path(PathKind::kOptimized);
+  const size_t n = opt.size();
+  auto grads_of = [&](LayerSequence& seq, size_t i, at::ScalarType dtype,
+                      const at::Tensor& upstream) -> StatusOr<std::vector<NamedTensor>> {
+    TensorListT in = CastTo(ref_run.layers[i].inputs, dtype, /*requires_grad=*/true);
+    std::vector<NamedTensor> wrt;
+    for (size_t k = 0; k < in.size(); ++k) {
+      if (in[k].defined() && in[k].requires_grad()) wrt.emplace_back("input." + std::to_string(k), in[k]);
+    }
+    for (const NamedTensor& p : seq.LayerParameters(i)) {
+      if (p.second.requires_grad()) wrt.push_back(p);
+    }
+    if (wrt.empty()) return wrt;
+    try {
+      TensorListT out = seq.Forward(i, in, batch);
+      if (!out.at(0).requires_grad()) return std::vector<NamedTensor>{};
+      TensorListT tensors;
+      for (const auto& w : wrt) tensors.push_back(w.second);
+      const at::Tensor g = upstream.defined() ? upstream.detach().to(out[0].scalar_type())
+                                              : at::ones_like(out[0]);
+      TensorListT grads = torch::autograd::grad({out[0]}, tensors, {g}, /*retain_graph=*/false,
+                                                /*create_graph=*/false, /*allow_unused=*/true);
+      std::vector<NamedTensor> named;
+      for (size_t k = 0; k < grads.size(); ++k) named.emplace_back(wrt[k].first, grads[k]);
+      return named;
+    } catch (const c10::Error& e) {
+      return FromTorch(e, "backward of layer " + seq.name(i));
+    }
+  };
+  for (size_t i = n; i-- > 0;) {
+    if (options.progress) options.progress("layerwise backward " + opt.name(i));
+    const at::Tensor upstream = i + 1 < n ? ref_run.layers[i].grad : at::Tensor();
+    if (i + 1 < n && !upstream.defined()) continue;  // the loss does not depend on this output
+    CAPSULE_ASSIGN_OR_RETURN(auto ref_grads, grads_of(ref, i, ref.compute_dtype(), upstream));
+    CAPSULE_ASSIGN_OR_RETURN(auto opt_grads, grads_of(opt, i, opt.compute_dtype(), upstream));
+    std::optional<TensorComparison> worst;
+    std::string worst_name;
+    for (size_t k = 0; k < ref_grads.size() && k < opt_grads.size(); ++k) {
+      if (!ref_grads[k].second.defined() || !opt_grads[k].second.defined()) continue;
+      CAPSULE_ASSIGN_OR_RETURN(TensorComparison cmp,
+                               CompareTensors(opt_grads[k].second, ref_grads[k].second,
+                                              opt.name(i), options.compare));
+      if (!worst || Worse(cmp, *worst)) {
+        worst = cmp;
+        worst_name = opt_grads[k].first;
+      }
+    }
+    if (!worst) continue;
+    v1::LayerComparison& lc = *report.add_layers();
+    lc.set_index(static_cast<int>(i));
+    lc.set_name(opt.name(i));
+    lc.set_phase(v1::BACKWARD);
+    lc.set_tensor(worst_name);
+    FillComparison(*worst, &lc);
+  }
+  return Status::Ok();
+}
+
+// Composite run k: layers [0, k) on OPTIMIZED, [k, n) on REFERENCE; returns every layer output.
+StatusOr<std::vector<TensorListT>> RunComposite(Model& model, const LayerBatch& batch, size_t k) {
+  LayerSequence& ref = model.Path(PathKind::kReference);
+  LayerSequence& opt = model.Path(PathKind::kOptimized);
+  std::vector<TensorListT> outputs;
+  TensorListT x = {batch.input_ids};
+  try {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < opt.size(); ++i) {
+      LayerSequence& seq = i < k ? opt : ref;
+      x = seq.Forward(i, CastTo(x, seq.compute_dtype()), batch);
+      outputs.push_back(x);
+    }
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "composite run k=" + std::to_string(k));
+  }
+  return outputs;
+}
+
+Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& batch,
+                 const ReplayOptions& options, v1::ReplayReport& report) {
+  LayerSequence& opt = model.Path(PathKind::kOptimized);
+  const size_t n = opt.size();
+  CompareOptions oracle_opts;
+  oracle_opts.tolerance = options.bisect_tolerance
+                              ? *options.bisect_tolerance
+                              : DefaultBisectTolerance(opt.compute_dtype());
+  // Compared outputs: the loss and, when there is one, the last non-scalar output (the logits).
+  std::vector<size_t> compared = {n - 1};
+  if (n >= 2 && ref_run.outputs[n - 2].at(0).dim() >= 1) compared.push_back(n - 2);
+  v1::BisectReport& br = *report.mutable_bisect();
+  auto oracle = [&](size_t k) -> bisect::ProbeResult {
+    if (options.progress) options.progress("bisect probe k=" + std::to_string(k));
+    auto outs = RunComposite(model, batch, k);
+    if (!outs.ok()) return bisect::ProbeResult::Error(outs.status().message());
+    v1::BisectProbe& probe = *br.add_probe_log();
+    probe.set_k(static_cast<int>(k));
+    bool bad = false;
+    for (size_t j : compared) {
+      auto cmp = CompareTensors((*outs)[j].at(0), ref_run.outputs[j].at(0), opt.name(j),
+                                oracle_opts);
+      if (!cmp.ok()) return bisect::ProbeResult::Error(cmp.status().message());
+      bad |= cmp->diverged;
+      probe.set_max_rel_err(std::max(probe.max_rel_err(), cmp->max_rel_err));
+      probe.set_max_abs_err(std::max(probe.max_abs_err(), cmp->max_abs_err));
+      probe.set_nonfinite_mismatch(probe.nonfinite_mismatch() + cmp->nonfinite_mismatch);
+    }
+    probe.set_bad(bad);
+    return bisect::ProbeResult::FromBool(bad);
+  };
+  std::unique_ptr<bisect::Strategy> strategy;
+  if (options.bisect == BisectMode::kLinear) {
+    strategy = std::make_unique<bisect::LinearStrategy>(bisect::LinearOptions{/*scan_all=*/true});
+  } else {
+    strategy = std::make_unique<bisect::BisectStrategy>();
+  }
+  const bisect::SearchResult r = bisect::Search(*strategy, n, oracle);
+  if (!r.ok()) return InternalError("bisect: " + r.error);
+  br.set_strategy(std::string(strategy->name()));
+  br.set_layers(static_cast<int>(n));
+  br.set_probes(static_cast<int>(r.probes));
+  br.set_monotonic(r.monotonic());
+  br.set_probe_bound(static_cast<int>(std::ceil(std::log2(static_cast<double>(n)))) + 1);
+  br.set_first_bad_index(r.first_bad ? static_cast<int>(*r.first_bad) : -1);
+  if (r.first_bad) br.set_first_bad_layer(opt.name(*r.first_bad));
+  return Status::Ok();
+}
+
+bool SameBits(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof(double)) == 0;
+}
+
+// The captured value of the quantity the trigger watched, and whether the replayed run fires it.
+void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayReport& report) {
+  const v1::Trigger& t = c.trigger();
+  const bool grad = t.kind() == v1::NON_FINITE_GRAD || t.kind() == v1::GRAD_NORM_SPIKE;
+  const double replayed = grad ? run.grad_norm : run.loss_value;
+  const double captured = t.observed();
+  report.set_trigger(t.kind());
+  report.set_captured_value(captured);
+  report.set_replayed_value(replayed);
+  bool fires = false;
+  switch (t.kind()) {
+    case v1::NON_FINITE_LOSS:
+      fires = !std::isfinite(run.loss_value);
+      break;
+    case v1::NON_FINITE_GRAD:
+      fires = run.backward_done && !std::isfinite(run.grad_norm);
+      break;
+    case v1::LOSS_SPIKE:
+    case v1::GRAD_NORM_SPIKE:
+      fires = replayed > t.threshold();
+      break;
+    case v1::EXCEPTION:
+      fires = !run.error.empty();
+      break;
+    default:  // MANUAL: the step itself is the thing to reproduce
+      fires = std::isfinite(captured) ? std::fabs(replayed - captured) <=
+                                            1e-6 * std::max(1.0, std::fabs(captured))
+                                      : !std::isfinite(replayed);
+      break;
+  }
+  // Bitwise: same value and the same forward stats at every layer.
+  bool exact = fires && SameBits(replayed, captured);
+  if (exact) {
+    std::map<std::string, const v1::HealthStats*> captured_stats;
+    for (const auto& l : c.numerics().layers()) {
+      if (l.phase() == v1::FORWARD) captured_stats[l.name()] = &l.stats();
+    }
+    for (const LayerRecord& rec : run.layers) {
+      auto it = captured_stats.find(rec.name);
+      if (it == captured_stats.end()) continue;
+      const v1::HealthStats& s = *it->second;
+      exact &= s.nan_count() == rec.forward.nan_count && s.numel() == rec.forward.numel &&
+               SameBits(s.min(), rec.forward.min) && SameBits(s.max(), rec.forward.max) &&
+               SameBits(s.mean(), rec.forward.mean) && SameBits(s.rms(), rec.forward.rms);
+    }
+  }
+  char detail[256];
+  std::snprintf(detail, sizeof(detail), "%s: captured %.9g, replayed %.9g",
+                grad ? "grad norm" : "loss", captured, replayed);
+  report.set_fidelity(!fires ? v1::NOT_REPRODUCED
+                             : exact ? v1::REPRODUCED_EXACT : v1::REPRODUCED_APPROX);
+  report.set_fidelity_detail(detail);
+}
+
+bool ReferenceShowsAnomaly(const v1::Capsule& c, const ReferenceRun& ref) {
+  const v1::Trigger& t = c.trigger();
+  switch (t.kind()) {
+    case v1::NON_FINITE_LOSS:
+    case v1::NON_FINITE_GRAD:
+      return ref.anomalous || !std::isfinite(ref.grad_norm);
+    case v1::LOSS_SPIKE:
+      return ref.loss > t.threshold();
+    case v1::GRAD_NORM_SPIKE:
+      return ref.grad_norm > t.threshold();
+    default:
+      return ref.anomalous;
+  }
+}
+
+std::string Fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", v);
+  return buf;
+}
+
+void Diagnose(const v1::Capsule& c, v1::ReplayReport& report) {
+  const v1::LayerComparison* first = nullptr;
+  for (const auto& l : report.layers()) {
+    if (l.verdict() == v1::DIVERGED && l.phase() == v1::FORWARD) {
+      first = &l;
+      break;
+    }
+  }
+  if (first == nullptr) {
+    // Backward entries run from the last layer down; the first divergent gradient in execution
+    // order is the lowest index.
+    for (const auto& l : report.layers()) {
+      if (l.verdict() == v1::DIVERGED && (first == nullptr || l.index() < first->index())) {
+        first = &l;
+      }
+    }
+  }
+  if (first != nullptr) {
+    report.set_first_divergent_layer(first->name());
+    report.set_first_divergent_phase(first->phase());
+  }
+  std::string text;
+  if (report.fidelity() == v1::NOT_REPRODUCED) {
+    report.set_diagnosis(v1::TRANSIENT);
+    text = "transient: the failure did not reproduce (" + report.fidelity_detail() +
+           "); suspect hardware, a race or a nondeterministic kernel, and rerun elsewhere";
+  } else if (report.reference_anomalous()) {
+    report.set_diagnosis(v1::DATA_OR_MODEL);
+    text = "data or model, not numerics: the FP64 reference path shows the same anomaly (reference "
+           "loss " + Fmt(report.reference_loss()) + "); look at the step's samples, masks, labels "
+           "and learning rate rather than skipping the batch";
+  } else if (first != nullptr) {
+    report.set_diagnosis(v1::NUMERICS);
+    text = "numerics in the optimized path: first divergent layer " + first->name() + " (" +
+           (first->phase() == v1::FORWARD ? "forward" : "backward") + ", " +
+           (first->nonfinite_mismatch() > 0
+                ? std::to_string(first->nonfinite_mismatch()) + " non-finite mismatches"
+                : "max rel err " + Fmt(first->max_rel_err())) +
+           ")";
+    if (report.has_bisect() && !report.bisect().strategy().empty()) {
+      const auto& b = report.bisect();
+      text += b.first_bad_layer() == first->name()
+                  ? "; " + b.strategy() + " confirms it in " + std::to_string(b.probes()) +
+                        " runs"
+                  : "; " + b.strategy() + " points at " +
+                        (b.first_bad_layer().empty() ? std::string("no layer")
+                                                     : b.first_bad_layer()) +
+                        " instead (errors may cancel downstream)";
+    }
+  } else {
+    report.set_diagnosis(v1::NO_DIVERGENCE);
+    text = "no divergence: the optimized and reference paths agree within tolerance on every "
+           "compared layer";
+  }
+  report.set_diagnosis_text(text);
+}
+
+}  // namespace
+
+StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegistry& registry,
+                                         const ReplayOptions& options) {
+  v1::ReplayReport report;
+  if (c.model().registry_name().empty()) {
+    return InvalidArgumentError("the capsule names no model (model.registry_name is empty)");
+  }
+  CAPSULE_RETURN_IF_ERROR(PinEnvironment(c, options, report));
+  if (options.progress) options.progress("rebuilding " + c.model().registry_name());
+  CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           registry.Create({c.model().registry_name(), c.model().config_json()}));
+  CAPSULE_RETURN_IF_ERROR(LoadWeights(c, options, *model, report));
+  CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatch(c));
+  batch.training = true;
+
+  const PathKind trainer_path = c.model().trainer_path() == v1::REFERENCE ? PathKind::kReference
+                                                                          : PathKind::kOptimized;
+  LayerSequence& opt = model->Path(PathKind::kOptimized);
+  LayerSequence& ref = model->Path(PathKind::kReference);
+  if (opt.size() != ref.size() || opt.size() == 0) {
+    return InvalidArgumentError("the model's paths have different layer counts");
+  }
+
+  // 1. Fidelity: the captured path, the captured RNG, batch and threads.
+  if (options.progress) options.progress("fidelity run");
+  CAPSULE_RETURN_IF_ERROR(RestoreRng(c));
+  {
+    CAPSULE_ASSIGN_OR_RETURN(ProbeResult run, ProbeStep(model->Path(trainer_path), batch, {}));
+    JudgeFidelity(c, run, report);
+    report.set_optimized_loss(run.loss_value);
+  }
+
+  // 2. Reference run (also the source of each layer's reference input and upstream gradient).
+  // Comparisons run with training off: dropout masks differ between paths by construction, and
+  // what is compared here is the arithmetic.
+  if (options.progress) options.progress("reference run");
+  CAPSULE_RETURN_IF_ERROR(RestoreRng(c));
+  CAPSULE_ASSIGN_OR_RETURN(ReferenceRun ref_run, RunReference(ref, batch, /*backward=*/true));
+  report.set_reference_loss(ref_run.loss);
+  report.set_reference_anomalous(ReferenceShowsAnomaly(c, ref_run));
+  LayerBatch eval = batch;
+  eval.training = false;
+  CAPSULE_RETURN_IF_ERROR(RestoreRng(c));
+  CAPSULE_ASSIGN_OR_RETURN(ReferenceRun ref_eval, RunReference(ref, eval, options.backward));
+
+  // 3. Layerwise.
+  if (options.forward) CAPSULE_RETURN_IF_ERROR(CompareForward(*model, ref_eval, eval, options, report));
+  if (options.backward) {
+    CAPSULE_RETURN_IF_ERROR(CompareBackward(*model, ref_eval, eval, options, report));
+  }
+  if (report.layers_size() == 0) {
+    return InternalError("no layer could be compared; the replay proves nothing");
+  }
+
+  // 4. Bisect.
+  if (options.bisect != BisectMode::kNone) {
+    CAPSULE_RETURN_IF_ERROR(RunBisect(*model, ref_eval, eval, options, report));
+  }
+
+  // 5. Diagnosis.
+  Diagnose(c, report);
+  return report;
+}
+
+}  // namespace capsule

@@ -1,0 +1,79 @@
+// Replayer: re-runs a capsule and names the first semantic divergence.
+//
+// From the capsule alone (plus the model's registry entry) it rebuilds the model, loads the
+// embedded weights (or --weights, whose canonical hash must match), checks and pins the
+// environment (thread count, deterministic flag; a different torch version is refused unless
+// forced), then:
+//   1. fidelity: restores the RNG and batch and runs the path the trainer ran; the trigger fires
+//      again bitwise (REPRODUCED_EXACT), approximately, or not at all (NOT_REPRODUCED);
+//   2. reference run: the same step on the REFERENCE path (FP64): does the anomaly show there too?
+//   3. layerwise: every layer gets *the reference input of that layer*, cast to each path's dtype,
+//      and the outputs are compared (forward) — and, with phase backward, the input and parameter
+//      gradients for the reference upstream gradient. Errors do not propagate between layers, so
+//      the first layer that diverges is the culprit;
+//   4. bisect: composite runs, layers [0, k) OPTIMIZED and [k, n) REFERENCE, against the reference
+//      run; the smallest bad k names the first bad layer in at most ceil(log2 n) + 1 runs;
+//   5. diagnosis: TRANSIENT (not reproduced), DATA_OR_MODEL (reference shows it too), NUMERICS
+//      (optimized path diverges at layer L) or NO_DIVERGENCE.
+// The result is data (capsule.v1.ReplayReport); rendering it is the caller's job.
+//
+//   capsule::ReplayOptions options;
+//   options.bisect = capsule::BisectMode::kBisect;
+//   CAPSULE_ASSIGN_OR_RETURN(capsule::v1::ReplayReport r,
+//                            capsule::ReplayCapsule(*decoded.capsule, registry, options));
+//   std::cout << r.diagnosis_text() << "\n";
+//
+// Thread safety: one replay at a time per process: it sets LibTorch's global thread count,
+// deterministic flag and default RNG state.
+#ifndef CAPSULE_REPLAY_REPLAYER_H_
+#define CAPSULE_REPLAY_REPLAYER_H_
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "proto/capsule_fwd.h"
+#include "proto/status.h"
+#include "replay/comparator.h"
+#include "replay/model_registry.h"
+
+namespace capsule::v1 {
+class ReplayReport;
+}  // namespace capsule::v1
+
+namespace capsule {
+
+enum class BisectMode { kNone, kBisect, kLinear };
+
+struct ReplayOptions {
+  // A capsule file holding all the model's parameters (e.g. written with WeightPolicy kAll) to use
+  // instead of the embedded ones. Its canonical model hash must equal the capsule's.
+  std::string weights_path;
+  // Go on despite a torch version or model hash mismatch (reported as warnings).
+  bool force = false;
+  // Layerwise phases to compare. Default: forward only.
+  bool forward = true;
+  bool backward = false;
+  BisectMode bisect = BisectMode::kNone;
+  // Tolerances for the layerwise comparison (dtype defaults, global and per-layer overrides).
+  CompareOptions compare;
+  // Tolerances for the bisect oracle, which compares the final outputs of a composite run with the
+  // reference run: errors accumulate over the optimized prefix, so the default is looser than the
+  // per-layer one (DefaultBisectTolerance).
+  std::optional<Tolerance> bisect_tolerance;
+  // Called with a short line before each stage and probe (e.g. for a progress line).
+  std::function<void(const std::string&)> progress;
+};
+
+// The oracle's default tolerance for a candidate dtype (replayer.cc has the measurements).
+Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype);
+
+// kNotFound: model not registered; kFailedPrecondition: weights or environment mismatch without
+// force, tokens redacted, weights missing; kInvalidArgument: a capsule without what replay needs.
+StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& capsule,
+                                         const ModelRegistry& registry,
+                                         const ReplayOptions& options);
+
+}  // namespace capsule
+
+#endif  // CAPSULE_REPLAY_REPLAYER_H_

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Record -> replay -> diagnose, end to end, on capsules written by the sample trainer: every fault
+# class is diagnosed and located, clean captures show no divergence, and every refusal is exit 2
+# with a message naming the cause. Replay runs in a fresh process, in another working directory,
+# from the capsule and the plugin alone.
+# Usage: replay_e2e_test.sh TRAINER_BIN CAPSULE_BIN PLUGIN_SO
+set -uo pipefail
+trainer=$(realpath "$1")
+capsule=$(realpath "$2")
+plugin=$(realpath "$3")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$capsule" keygen --out "$work/k" >/dev/null
+"$capsule" keygen --out "$work/other" >/dev/null
+mkdir -p "$work/elsewhere"
+fail=0
+bad() { echo "FAIL [$1]: $2"; fail=1; }
+
+# record NAME TRAINER_ARGS... -> prints the capsule path
+record() {
+  local name=$1
+  shift
+  (cd "$work" && "$trainer" train --quiet --capsule-dir "$work/$name" --key "$work/k.key" "$@" \
+    > "$work/$name.train.log" 2>&1)
+  ls "$work/$name"/*.capsule 2>/dev/null | head -n 1
+}
+
+# replay_json NAME CAPSULE EXTRA_ARGS... -> writes $work/NAME.json, returns replay's exit status
+replay_json() {
+  local name=$1 cap=$2
+  shift 2
+  (cd "$work/elsewhere" && "$capsule" replay "$cap" --plugin "$plugin" --pubkey "$work/k.pub" \
+    --json "$@" > "$work/$name.json" 2> "$work/$name.err")
+}
+
+field() { grep -o "\"$2\":[^,}]*" "$work/$1.json" | head -n 1 | cut -d: -f2- | tr -d '"'; }
+
+check_fault() {  # check_fault KIND LAYERS LAYER CAPTURE_ARGS...
+  local kind=$1 layers=$2 layer=$3
+  shift 3
+  local name="$kind-L$layers"
+  local cap
+  cap=$(record "$name" --layers "$layers" --inject "$kind" --inject-layer "$layer" "$@")
+  [ -n "$cap" ] || { bad "$name" "no capsule written"; return; }
+  local n=$((layers + 4)) bound
+  bound=$(python3 -c "import math;print(math.ceil(math.log2($n))+1)" 2>/dev/null ||
+          awk "BEGIN{b=0; while (2^b < $n) b++; print b+1}")
+  for strategy in bisect linear; do
+    replay_json "$name.$strategy" "$cap" --bisect="$strategy"
+    local rc=$?
+    [ $rc -eq 1 ] || bad "$name.$strategy" "exit $rc, expected 1 ($(cat "$work/$name.$strategy.err"))"
+    [ "$(field "$name.$strategy" diagnosis)" = NUMERICS ] ||
+      bad "$name.$strategy" "diagnosis $(field "$name.$strategy" diagnosis)"
+    [ "$(field "$name.$strategy" first_divergent_layer)" = "$layer" ] ||
+      bad "$name.$strategy" "first divergent layer $(field "$name.$strategy" first_divergent_layer)"
+    [ "$(field "$name.$strategy" first_bad_layer)" = "$layer" ] ||
+      bad "$name.$strategy" "bisect first bad layer $(field "$name.$strategy" first_bad_layer)"
+  done
+  local probes
+  probes=$(field "$name.bisect" probes)
+  [ -n "$probes" ] && [ "$probes" -le "$bound" ] || bad "$name" "bisect made $probes probes > $bound"
+  [ "$(field "$name.linear" monotonic)" = true ] || bad "$name" "linear scan not monotonic"
+  echo "ok: $kind at $layer of a $layers-block model: NUMERICS, bisect $probes probes (bound $bound)"
+}
+
+for cfg in "4 blocks.1" "8 blocks.6"; do
+  set -- $cfg
+  check_fault nan "$1" "$2" --steps 5 --inject-step 3
+  check_fault softmax-overflow "$1" "$2" --steps 5 --inject-step 3
+  check_fault tail-block "$1" "$2" --steps 5 --inject-step 2 --capture-at-step 3
+  check_fault eps "$1" "$2" --steps 5 --inject-step 2 --capture-at-step 3
+done
+
+cap=$(record bad-data --steps 42 --inject bad-data --inject-step 40)
+replay_json bad-data "$cap" --bisect
+rc=$?
+[ $rc -eq 1 ] && [ "$(field bad-data diagnosis)" = DATA_OR_MODEL ] ||
+  bad bad-data "exit $rc, diagnosis $(field bad-data diagnosis)"
+echo "ok: bad-data -> $(field bad-data diagnosis)"
+
+cap=$(record transient --steps 5 --inject transient --inject-layer blocks.2 --inject-step 3)
+replay_json transient "$cap"
+rc=$?
+[ $rc -eq 1 ] && [ "$(field transient fidelity)" = NOT_REPRODUCED ] &&
+  [ "$(field transient diagnosis)" = TRANSIENT ] ||
+  bad transient "exit $rc, fidelity $(field transient fidelity), diagnosis $(field transient diagnosis)"
+echo "ok: transient -> $(field transient fidelity) -> $(field transient diagnosis)"
+
+clean=$(record clean --steps 5 --capture-at-step 3)
+replay_json clean "$clean" --phase both --bisect
+rc=$?
+[ $rc -eq 0 ] && [ "$(field clean diagnosis)" = NO_DIVERGENCE ] &&
+  [ "$(field clean fidelity)" = REPRODUCED_EXACT ] &&
+  [ "$(field clean first_divergent_layer)" = null ] &&
+  grep -q '"phase":"BACKWARD"' "$work/clean.json" ||
+  bad clean "exit $rc, diagnosis $(field clean diagnosis), fidelity $(field clean fidelity)"
+echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, exit 0"
+
+# Refusals: exit 2 and a message naming the cause.
+refuse() {  # refuse NAME PATTERN ARGS...
+  local name=$1 pattern=$2
+  shift 2
+  (cd "$work/elsewhere" && "$capsule" replay "$@" > /dev/null 2> "$work/$name.err")
+  local rc=$?
+  if [ $rc -ne 2 ] || ! grep -q -- "$pattern" "$work/$name.err"; then
+    bad "$name" "exit $rc, stderr: $(cat "$work/$name.err")"
+  else
+    echo "ok: refused $name: $(head -c 150 "$work/$name.err")"
+  fi
+}
+refuse wrong-key "untrusted key" "$clean" --plugin "$plugin" --pubkey "$work/other.pub"
+(cd "$work" && "$trainer" train --quiet --steps 4 --capture-at-step 2 --capsule-dir "$work/unsigned" \
+  > /dev/null 2>&1)
+refuse unsigned "unsigned" "$(ls "$work"/unsigned/*.capsule)" --plugin "$plugin" --pubkey "$work/k.pub"
+cp "$clean" "$work/tampered.capsule"
+printf '\xff' | dd of="$work/tampered.capsule" bs=1 seek=200 conv=notrunc status=none
+refuse tampered "corrupt" "$work/tampered.capsule" --plugin "$plugin" --pubkey "$work/k.pub"
+other_model=$(cd "$work" && "$trainer" train --quiet --steps 4 --seed 7 --capture-at-step 2 \
+  --capsule-dir "$work/seed7" --key "$work/k.key" > /dev/null 2>&1; ls "$work"/seed7/*.capsule)
+refuse other-weights "another model's weights" "$clean" --plugin "$plugin" --pubkey "$work/k.pub" \
+  --weights "$other_model"
+refuse plugin-missing "does not exist" "$clean" --plugin "$work/nope.so" --pubkey "$work/k.pub"
+refuse not-registered "not registered" "$clean" --pubkey "$work/k.pub"
+exit $fail
