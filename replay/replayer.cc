@@ -506,6 +506,14 @@ void Diagnose(const v1::Capsule& c, v1::ReplayReport& report) {
                                                      : b.first_bad_layer()) +
                         " instead (errors may cancel downstream)";
     }
+  } else if (report.has_bisect() && !report.bisect().first_bad_layer().empty()) {
+    // Layerwise comparison was off or passed, but composite runs still diverge.
+    report.set_diagnosis(v1::NUMERICS);
+    report.set_first_divergent_layer(report.bisect().first_bad_layer());
+    report.set_first_divergent_phase(v1::FORWARD);
+    text = "numerics in the optimized path: " + report.bisect().strategy() +
+           " names first bad layer " + report.bisect().first_bad_layer() + " in " +
+           std::to_string(report.bisect().probes()) + " composite runs";
   } else {
     report.set_diagnosis(v1::NO_DIVERGENCE);
     text = "no divergence: the optimized and reference paths agree within tolerance on every "
@@ -565,7 +573,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   if (options.backward) {
     CAPSULE_RETURN_IF_ERROR(CompareBackward(*model, ref_eval, eval, options, report));
   }
-  if (report.layers_size() == 0) {
+  if (report.layers_size() == 0 && options.bisect == BisectMode::kNone) {
     return InternalError("no layer could be compared; the replay proves nothing");
   }
 
