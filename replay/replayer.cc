@@ -428,9 +428,14 @@ void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayRepor
                SameBits(s.mean(), rec.forward.mean) && SameBits(s.rms(), rec.forward.rms);
     }
   }
-  char detail[256];
-  std::snprintf(detail, sizeof(detail), "%s: captured %.9g, replayed %.9g",
-                grad ? "grad norm" : "loss", captured, replayed);
+  auto show = [](double v) {
+    if (std::isnan(v)) return std::string("nan");
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.9g", v);
+    return std::string(buf);
+  };
+  const std::string detail = std::string(grad ? "grad norm" : "loss") + ": captured " +
+                             show(captured) + ", replayed " + show(replayed);
   report.set_fidelity(!fires ? v1::NOT_REPRODUCED
                              : exact ? v1::REPRODUCED_EXACT : v1::REPRODUCED_APPROX);
   report.set_fidelity_detail(detail);

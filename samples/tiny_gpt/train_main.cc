@@ -82,6 +82,8 @@ int RunTrain(const TrainOptions& o) {
   mo.signing_key_path = o.key;
   mo.run_name = o.run_name;
   mo.annotations["trainer"] = "capsule-tiny-gpt";
+  // The loop below prints every report's summary; the Monitor's own stderr line would repeat it.
+  mo.log_sink = [](const std::string&) {};
   Monitor monitor(mo);
   monitor.AttachModel(&model, PathKind::kOptimized);
   IdentityInfo identity;
@@ -94,6 +96,7 @@ int RunTrain(const TrainOptions& o) {
   LayerSequence& path = model.Path(PathKind::kOptimized);
   int64_t tokens_seen = 0;
   int triggers = 0;
+  bool said_rate_limited = false;
   for (int64_t step = 0; step < o.steps; ++step) {
     model.SetStep(step);
     CorpusBatch cb = loader.Next();
@@ -128,7 +131,8 @@ int RunTrain(const TrainOptions& o) {
     }
     if (report.triggered) {
       ++triggers;
-      if (!report.rate_limited) std::cout << "  " << report.summary << "\n";
+      if (!report.rate_limited || !said_rate_limited) std::cout << "  " << report.summary << "\n";
+      said_rate_limited |= report.rate_limited;
     }
     // Like a mixed-precision loss scaler, skip the update of a step with non-finite numbers so
     // the weights stay usable and training goes on.
