@@ -13,7 +13,7 @@ packages=(
   libtorch-dev                               # capture/ and replay/ (LibTorch 1.13, CPU)
   libopenblas0-pthread                       # makes LibTorch's BLAS fast (the reference BLAS is ~6x slower)
   clang-14 libclang-rt-14-dev                # libFuzzer, ASan, UBSan
-  xxd                                        # byte surgery in the stock-tools interop test
+  coreutils                                  # od, dd, head: the stock-tools interop test
 )
 
 missing=()
