@@ -14,6 +14,7 @@ packages=(
   libopenblas0-pthread                       # makes LibTorch's BLAS fast (the reference BLAS is ~6x slower)
   clang-14 libclang-rt-14-dev                # libFuzzer, ASan, UBSan
   coreutils                                  # od, dd, head: the stock-tools interop test
+  chromium                                   # headless render of the HTML report (the test skips without it)
 )
 
 missing=()

@@ -1,0 +1,32 @@
+// Escaping and number formatting shared by the report and diff renderers. Not installed.
+//
+// Every string a renderer takes from a capsule is untrusted input, so each output format has one
+// escape function here and the renderers call it on every such string.
+//
+// Thread safety: pure functions; thread-safe.
+#ifndef CAPSULE_REPORT_INTERNAL_TEXT_H_
+#define CAPSULE_REPORT_INTERNAL_TEXT_H_
+
+#include <string>
+#include <string_view>
+
+namespace capsule::internal {
+
+// "nan", "inf", "-inf", or %.6g: what people read.
+std::string HumanNumber(double v);
+// Shortest text that reads back to the same double; non-finite values as protobuf's JSON mapping
+// writes them ("NaN", "Infinity", "-Infinity"), quoted.
+std::string JsonNumber(double v);
+// A JSON string literal, quotes included. Control characters and non-ASCII-safe bytes are escaped.
+std::string JsonString(std::string_view s);
+// &, <, >, " and ' as entities: safe in HTML text and in quoted attribute values.
+std::string HtmlEscape(std::string_view s);
+// Safe in Markdown text and table cells: HTML entities for <, >, &; backslash before Markdown
+// punctuation and |; line breaks as spaces.
+std::string MarkdownEscape(std::string_view s);
+// The part after the last '/'.
+std::string BaseName(std::string_view path);
+
+}  // namespace capsule::internal
+
+#endif  // CAPSULE_REPORT_INTERNAL_TEXT_H_

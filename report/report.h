@@ -1,0 +1,209 @@
+// Bug reports from a capsule: BuildReportModel collects the facts a bug report needs (trigger,
+// step history, identity hashes, environment, the per-layer stats around the first anomaly and,
+// given a replay result, the per-layer divergence) into a plain ReportModel; the Render*
+// functions print that one model as Markdown (for an issue), self-contained HTML with inline SVG
+// charts, or JSON. Keeping the facts apart from their presentation means the three formats can
+// never disagree (DESIGN.md §6).
+//
+//   capsule::ReportOptions options;
+//   options.file_name = "run-step5.capsule";
+//   options.file_sha256 = capsule::Sha256Hex(file_bytes);
+//   capsule::ReportModel m = capsule::BuildReportModel(*d.capsule, d.envelope, nullptr, options);
+//   std::string md = capsule::RenderMarkdown(m);
+//
+// Every string taken from the capsule is untrusted: the renderers escape it for their format.
+// Thread safety: pure functions; thread-safe.
+#ifndef CAPSULE_REPORT_REPORT_H_
+#define CAPSULE_REPORT_REPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "proto/capsule_fwd.h"
+#include "proto/envelope.h"
+#include "proto/status.h"
+
+namespace capsule::v1 {
+class ReplayReport;
+}  // namespace capsule::v1
+
+namespace capsule {
+
+// What to leave out of the report (the capsule itself is not changed; `capsule redact` does that).
+struct ReportRedaction {
+  bool text = false;    // raw sample text
+  bool tokens = false;  // token ids and labels
+  bool paths = false;   // file paths are reduced to their base names
+  bool host = false;    // the host name
+};
+
+// Parses "text,tokens,paths,host" (any subset, comma-separated); kInvalidArgument otherwise.
+StatusOr<ReportRedaction> ParseReportRedaction(std::string_view list);
+
+struct ReportOptions {
+  // The capsule file's name as the report shows it and uses in the commands; reduced to its base
+  // name, since the receiver of a bug report has the attachment, not the sender's directory.
+  std::string file_name = "CAPSULE";
+  // Sha256Hex of the capsule file's bytes; empty leaves it out.
+  std::string file_sha256;
+  ReportRedaction redact;
+  // Rows of the step-history table (the newest ones); the chart always shows the whole history.
+  int max_history_rows = 16;
+  // Layers on each side of the first anomaly in the layer table.
+  int layer_context = 3;
+  // Rows of the layer table when no layer is anomalous.
+  int max_layer_rows = 20;
+};
+
+struct ReportKeyValue {
+  std::string key;
+  std::string value;
+};
+
+struct ReportHistoryRow {
+  int64_t step = 0;
+  std::optional<double> loss;
+  std::optional<double> grad_norm;
+  bool trigger = false;  // the step the capsule was captured at
+};
+
+struct ReportFile {
+  std::string role;
+  std::string name;
+  std::string path;  // base name when paths are redacted
+  int64_t size_bytes = 0;
+  std::string sha256;
+};
+
+struct ReportLayerRow {
+  int index = 0;  // LayerStats.index
+  std::string name;
+  std::string phase;  // "forward" / "backward"
+  int64_t numel = 0;
+  int64_t nan = 0;
+  int64_t pos_inf = 0;
+  int64_t neg_inf = 0;
+  double absmax = 0;
+  double rms = 0;
+  bool anomalous = false;
+  bool first_anomaly = false;  // the capsule's first anomalous layer
+};
+
+struct ReportDivergenceRow {
+  int index = 0;
+  std::string name;
+  std::string phase;
+  std::string tensor;
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  int64_t nonfinite_mismatch = 0;
+  double rtol = 0;
+  std::string verdict;  // "OK" / "DIVERGED"
+  bool first_divergent = false;
+};
+
+struct ReportSequence {
+  std::string sample_id;
+  int64_t token_count = 0;
+  std::vector<int64_t> token_ids;  // empty when redacted or dropped from the capsule
+  std::string raw_text;            // empty when redacted
+};
+
+struct ReportReplay {
+  std::string diagnosis;  // enum name, e.g. "NUMERICS"
+  std::string diagnosis_text;
+  std::string fidelity;
+  std::string fidelity_detail;
+  double captured_value = 0;
+  double replayed_value = 0;
+  std::string first_divergent_layer;  // empty when none
+  std::string first_divergent_phase;
+  double optimized_loss = 0;
+  double reference_loss = 0;
+  bool reference_anomalous = false;
+  std::vector<ReportDivergenceRow> layers;
+  // Bisect summary; strategy is empty when no bisect was run.
+  std::string bisect_strategy;
+  std::string bisect_first_bad_layer;
+  int bisect_probes = 0;
+  int bisect_probe_bound = 0;
+  int bisect_layers = 0;
+  std::vector<std::string> warnings;
+};
+
+struct ReportModel {
+  // Trust: "verified", "unsigned" or "not checked", and a warning shown first when not verified.
+  std::string signature;
+  std::string signer_key_id;  // hex; empty when unsigned
+  std::string trust_warning;
+  std::string file_name;
+  std::string file_sha256;
+  std::vector<std::string> redacted;  // what this report leaves out, e.g. {"text", "host"}
+
+  std::string run_name;
+  std::string writer_version;
+  std::string created;  // RFC 3339 UTC, from the capsule's own timestamp
+  std::string summary;  // one line: trigger, step, run (and diagnosis)
+
+  std::string trigger_kind;
+  double trigger_observed = 0;
+  double trigger_threshold = 0;
+  std::string trigger_rule;
+  std::string trigger_message;
+  std::string capture_rerun;  // empty when no re-run was made
+  int64_t step = 0;
+  int64_t micro_batch = 0;
+  int64_t epoch = 0;
+  int64_t tokens_seen = 0;
+
+  std::vector<ReportHistoryRow> history;  // the whole history, oldest first
+  int history_table_from = 0;             // index of the first row the table shows
+
+  std::string model_registry_name;
+  std::string model_path;  // "optimized" / "reference" / ""
+  std::string model_sha256;
+  int64_t model_parameter_count = 0;
+  std::vector<ReportFile> files;
+  std::string config_sha256;
+  std::string config_text;
+  std::string code_revision;
+
+  std::vector<ReportKeyValue> environment;  // stable order; libraries sorted by name
+  std::vector<ReportKeyValue> placement;
+
+  std::string first_anomalous_layer;
+  std::string first_anomalous_phase;
+  std::string anomaly_reason;
+  std::vector<ReportLayerRow> layers;        // every LayerStats entry, in capsule order
+  std::vector<ReportLayerRow> layer_window;  // the rows the table shows
+  int layer_window_from = 0;                 // index into `layers` of layer_window[0]
+
+  std::vector<ReportSequence> sequences;
+  std::vector<std::string> log_lines;
+  std::string log_error;
+
+  std::optional<ReportReplay> replay;
+
+  std::string verify_command;
+  std::string replay_command;
+};
+
+ReportModel BuildReportModel(const v1::Capsule& capsule, const EnvelopeInfo& envelope,
+                             const v1::ReplayReport* replay, const ReportOptions& options);
+
+// Parses `capsule replay --json` output (protobuf's JSON mapping; "first_divergent_layer":null is
+// accepted). kInvalidArgument when it is not a ReplayReport.
+StatusOr<std::unique_ptr<v1::ReplayReport>> ParseReplayReportJson(std::string_view json);
+
+std::string RenderMarkdown(const ReportModel& model);
+std::string RenderHtml(const ReportModel& model);
+std::string RenderJson(const ReportModel& model);
+
+}  // namespace capsule
+
+#endif  // CAPSULE_REPORT_REPORT_H_

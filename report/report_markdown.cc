@@ -1,0 +1,261 @@
+// RenderMarkdown: the report as GitHub-flavoured Markdown, ready to paste into an issue.
+
+#include <algorithm>
+#include <sstream>
+
+#include "report/internal/text.h"
+#include "report/report.h"
+
+namespace capsule {
+namespace {
+
+using internal::HumanNumber;
+using internal::MarkdownEscape;
+
+std::string Opt(const std::optional<double>& v) { return v ? HumanNumber(*v) : "-"; }
+
+// A code fence longer than any backtick run in `text`, so untrusted text cannot close it.
+std::string Fence(const std::string& text) {
+  size_t longest = 0;
+  size_t run = 0;
+  for (const char ch : text) {
+    run = ch == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  return std::string(std::max<size_t>(3, longest + 1), '`');
+}
+
+void CodeBlock(std::ostream& out, const std::string& lang, const std::string& text) {
+  const std::string fence = Fence(text);
+  out << fence << lang << "\n" << text;
+  if (!text.empty() && text.back() != '\n') out << "\n";
+  out << fence << "\n";
+}
+
+// Untrusted multi-line text: an HTML <pre> block, escaped. A Markdown code fence would show
+// entities literally, and could not be escaped at all.
+void Pre(std::ostream& out, const std::string& text) {
+  out << "<pre>" << internal::HtmlEscape(text);
+  if (!text.empty() && text.back() != '\n') out << "\n";
+  out << "</pre>\n";
+}
+
+void LayerTable(std::ostream& out, const std::vector<ReportLayerRow>& rows) {
+  out << "| # | layer | phase | numel | nan | +inf | -inf | absmax | rms | |\n"
+      << "|---:|---|---|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const auto& r : rows) {
+    const char* mark = r.first_anomaly ? "**← first anomaly**" : (r.anomalous ? "anomalous" : "");
+    out << "| " << r.index << " | " << MarkdownEscape(r.name) << " | " << r.phase << " | "
+        << r.numel << " | " << r.nan << " | " << r.pos_inf << " | " << r.neg_inf << " | "
+        << HumanNumber(r.absmax) << " | " << HumanNumber(r.rms) << " | " << mark << " |\n";
+  }
+}
+
+void KeyValueTable(std::ostream& out, const std::vector<ReportKeyValue>& rows) {
+  out << "| | |\n|---|---|\n";
+  for (const auto& kv : rows) {
+    out << "| " << MarkdownEscape(kv.key) << " | " << MarkdownEscape(kv.value) << " |\n";
+  }
+}
+
+void Details(std::ostream& out, const std::string& summary) {
+  out << "<details><summary>" << MarkdownEscape(summary) << "</summary>\n\n";
+}
+
+}  // namespace
+
+std::string RenderMarkdown(const ReportModel& m) {
+  std::ostringstream out;
+  if (!m.trust_warning.empty()) {
+    out << "> **WARNING: " << MarkdownEscape(m.trust_warning) << ".**\n\n";
+  }
+  out << "## capsule report: " << MarkdownEscape(m.trigger_kind) << " at step " << m.step
+      << " in run \"" << MarkdownEscape(m.run_name) << "\"\n\n";
+  out << "**Summary:** " << MarkdownEscape(m.summary) << "\n\n";
+
+  out << "| | |\n|---|---|\n";
+  out << "| capsule | `" << MarkdownEscape(m.file_name) << "` |\n";
+  if (!m.file_sha256.empty()) out << "| capsule sha256 | `" << m.file_sha256 << "` |\n";
+  out << "| signature | " << m.signature;
+  if (!m.signer_key_id.empty()) out << ", ed25519 key `" << m.signer_key_id << "`";
+  out << " |\n";
+  out << "| written | capsule " << MarkdownEscape(m.writer_version) << " at " << m.created
+      << " |\n";
+  if (!m.model_registry_name.empty()) {
+    out << "| model | " << MarkdownEscape(m.model_registry_name);
+    if (!m.model_path.empty()) out << " (" << m.model_path << " path)";
+    out << " |\n";
+  }
+  if (!m.redacted.empty()) {
+    out << "| left out of this report | ";
+    for (size_t i = 0; i < m.redacted.size(); ++i) out << (i ? ", " : "") << m.redacted[i];
+    out << " |\n";
+  }
+  out << "\n";
+
+  if (m.replay) {
+    const ReportReplay& r = *m.replay;
+    out << "### Diagnosis\n\n";
+    out << "- diagnosis: **" << MarkdownEscape(r.diagnosis) << "**";
+    if (!r.diagnosis_text.empty()) out << " — " << MarkdownEscape(r.diagnosis_text);
+    out << "\n- fidelity: " << MarkdownEscape(r.fidelity);
+    if (!r.fidelity_detail.empty()) out << " (" << MarkdownEscape(r.fidelity_detail) << ")";
+    out << "\n- captured value " << HumanNumber(r.captured_value) << ", replayed value "
+        << HumanNumber(r.replayed_value) << "\n";
+    out << "- loss: optimized " << HumanNumber(r.optimized_loss) << ", reference "
+        << HumanNumber(r.reference_loss)
+        << (r.reference_anomalous ? " (reference anomalous too)" : "") << "\n";
+    out << "- first divergent layer: "
+        << (r.first_divergent_layer.empty() ? std::string("none")
+                                            : "**" + MarkdownEscape(r.first_divergent_layer) +
+                                                  "** (" + r.first_divergent_phase + ")")
+        << "\n\n";
+  }
+
+  out << "### Trigger\n\n";
+  out << "- kind: " << MarkdownEscape(m.trigger_kind) << "\n";
+  out << "- observed: " << HumanNumber(m.trigger_observed) << ", threshold "
+      << HumanNumber(m.trigger_threshold) << "\n";
+  if (!m.trigger_rule.empty()) out << "- rule: " << MarkdownEscape(m.trigger_rule) << "\n";
+  if (!m.trigger_message.empty()) out << "- message: " << MarkdownEscape(m.trigger_message) << "\n";
+  if (!m.capture_rerun.empty()) out << "- capture re-run: " << m.capture_rerun << "\n";
+  out << "- step " << m.step << " (micro-batch " << m.micro_batch << ", epoch " << m.epoch << ", "
+      << m.tokens_seen << " tokens seen)\n\n";
+
+  if (!m.history.empty()) {
+    const size_t from = static_cast<size_t>(m.history_table_from);
+    out << "### Step history (last " << m.history.size() - from << " of " << m.history.size()
+        << " steps)\n\n";
+    out << "| step | loss | grad norm | |\n|---:|---:|---:|---|\n";
+    for (size_t i = from; i < m.history.size(); ++i) {
+      const ReportHistoryRow& h = m.history[i];
+      if (h.trigger) {
+        out << "| **" << h.step << "** | **" << Opt(h.loss) << "** | **" << Opt(h.grad_norm)
+            << "** | **← trigger** |\n";
+      } else {
+        out << "| " << h.step << " | " << Opt(h.loss) << " | " << Opt(h.grad_norm) << " | |\n";
+      }
+    }
+    out << "\n";
+  }
+
+  if (!m.layers.empty()) {
+    out << "### Per-layer stats";
+    if (!m.first_anomalous_layer.empty()) {
+      out << " around the first anomaly: " << MarkdownEscape(m.first_anomalous_layer) << " ("
+          << m.first_anomalous_phase << ")";
+      if (!m.anomaly_reason.empty()) out << ", " << MarkdownEscape(m.anomaly_reason);
+    } else {
+      out << " (no anomalous layer)";
+    }
+    out << "\n\n";
+    LayerTable(out, m.layer_window);
+    out << "\n";
+    if (m.layer_window.size() < m.layers.size()) {
+      Details(out, "All " + std::to_string(m.layers.size()) + " layer stats");
+      LayerTable(out, m.layers);
+      out << "\n</details>\n\n";
+    }
+  }
+
+  if (m.replay) {
+    const ReportReplay& r = *m.replay;
+    if (!r.layers.empty()) {
+      out << "### Per-layer divergence (optimized vs reference)\n\n";
+      out << "| # | layer | phase | max abs | max rel | non-finite | verdict |\n"
+          << "|---:|---|---|---:|---:|---:|---|\n";
+      for (const auto& l : r.layers) {
+        std::string name = MarkdownEscape(l.name);
+        if (!l.tensor.empty()) name += " (" + MarkdownEscape(l.tensor) + ")";
+        std::string verdict = MarkdownEscape(l.verdict);
+        if (l.first_divergent) verdict = "**" + verdict + " ← first divergence**";
+        out << "| " << l.index << " | " << name << " | " << l.phase << " | "
+            << HumanNumber(l.max_abs_err) << " | " << HumanNumber(l.max_rel_err) << " | "
+            << l.nonfinite_mismatch << " | " << verdict << " |\n";
+      }
+      out << "\n";
+    }
+    if (!r.bisect_strategy.empty()) {
+      out << "**Bisect** (" << MarkdownEscape(r.bisect_strategy) << "): first bad layer "
+          << (r.bisect_first_bad_layer.empty()
+                  ? std::string("none")
+                  : "**" + MarkdownEscape(r.bisect_first_bad_layer) + "**")
+          << " after " << r.bisect_probes << " probes (bound " << r.bisect_probe_bound << ") over "
+          << r.bisect_layers << " layers.\n\n";
+    }
+    for (const auto& w : r.warnings) out << "> replay warning: " << MarkdownEscape(w) << "\n\n";
+  }
+
+  out << "### Identity\n\n| | |\n|---|---|\n";
+  out << "| model sha256 | `" << MarkdownEscape(m.model_sha256.empty() ? "-" : m.model_sha256)
+      << "` |\n";
+  out << "| model parameters | " << m.model_parameter_count << " |\n";
+  out << "| config sha256 | `" << MarkdownEscape(m.config_sha256.empty() ? "-" : m.config_sha256)
+      << "` |\n";
+  if (!m.code_revision.empty()) {
+    out << "| code revision | `" << MarkdownEscape(m.code_revision) << "` |\n";
+  }
+  out << "\n";
+  if (!m.files.empty()) {
+    out << "| role | name | path | size | sha256 |\n|---|---|---|---:|---|\n";
+    for (const auto& f : m.files) {
+      out << "| " << MarkdownEscape(f.role) << " | " << MarkdownEscape(f.name) << " | "
+          << MarkdownEscape(f.path) << " | " << f.size_bytes << " | `" << MarkdownEscape(f.sha256)
+          << "` |\n";
+    }
+    out << "\n";
+  }
+  if (!m.config_text.empty()) {
+    Details(out, "Config text");
+    Pre(out, m.config_text);
+    out << "\n</details>\n\n";
+  }
+
+  if (!m.environment.empty()) {
+    out << "### Environment\n\n";
+    KeyValueTable(out, m.environment);
+    out << "\n";
+  }
+  if (!m.placement.empty()) {
+    out << "### Placement\n\n";
+    KeyValueTable(out, m.placement);
+    out << "\n";
+  }
+
+  if (!m.sequences.empty()) {
+    Details(out, "Batch: " + std::to_string(m.sequences.size()) + " sequences");
+    out << "| sample | tokens | token ids | raw text |\n|---|---:|---|---|\n";
+    for (const auto& s : m.sequences) {
+      std::string ids;
+      for (size_t i = 0; i < s.token_ids.size(); ++i) {
+        ids += (i ? " " : "") + std::to_string(s.token_ids[i]);
+      }
+      out << "| " << MarkdownEscape(s.sample_id) << " | " << s.token_count << " | "
+          << (ids.empty() ? "-" : ids) << " | "
+          << (s.raw_text.empty() ? "-" : MarkdownEscape(s.raw_text)) << " |\n";
+    }
+    out << "\n</details>\n\n";
+  }
+  if (!m.log_lines.empty() || !m.log_error.empty()) {
+    Details(out, "Trainer log (" + std::to_string(m.log_lines.size()) + " lines)");
+    std::string text;
+    for (const auto& l : m.log_lines) text += l + "\n";
+    if (!m.log_error.empty()) text += "error: " + m.log_error + "\n";
+    Pre(out, text);
+    out << "\n</details>\n\n";
+  }
+
+  out << "### Verify and replay\n\n";
+  CodeBlock(out, "sh", m.verify_command + "\n" + m.replay_command + "\n");
+  out << "\n";
+  if (!m.file_sha256.empty()) {
+    out << "capsule sha256 `" << m.file_sha256 << "`";
+    if (!m.signer_key_id.empty()) out << ", signer key id `" << m.signer_key_id << "`";
+    out << "\n";
+  } else if (!m.signer_key_id.empty()) {
+    out << "signer key id `" << m.signer_key_id << "`\n";
+  }
+  return out.str();
+}
+
+}  // namespace capsule

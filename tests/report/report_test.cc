@@ -1,0 +1,381 @@
+// capsule::report: golden Markdown and JSON for the full golden capsule, HTML structure (self-
+// contained, one bar per forward layer, one point per step), escaping of hostile capsule text,
+// --redact, the unsigned-capsule warning, and capsule diffs.
+//
+// CAPSULE_UPDATE_GOLDEN=1 rewrites tests/report/golden/ after an intended change.
+#include "report/report.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "proto/capsule.pb.h"
+#include "proto/capsule_reader.h"
+#include "proto/file_util.h"
+#include "proto/replay_report.pb.h"
+#include "proto/sha256.h"
+#include "proto/signing.h"
+#include "report/diff.h"
+#include "samples/golden/golden_capsules.h"
+
+namespace capsule {
+namespace {
+
+const std::string kSource = CAPSULE_SOURCE_DIR;
+const std::string kFull = kSource + "/samples/golden/valid/full.capsule";
+const std::string kMinimal = kSource + "/samples/golden/valid/minimal.capsule";
+const std::string kUnsigned = kSource + "/samples/golden/valid/unsigned.capsule";
+const std::string kReplayJson = kSource + "/tests/report/golden/full.replay.json";
+const std::string kHostile = "<script>alert(1)</script>";
+
+size_t Count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + needle.size())) {
+    ++n;
+  }
+  return n;
+}
+
+// The text of the <svg id="ID"> element, empty when there is none.
+std::string Svg(const std::string& html, const std::string& id) {
+  const size_t start = html.find("<svg id=\"" + id + "\"");
+  if (start == std::string::npos) return "";
+  return html.substr(start, html.find("</svg>", start) - start);
+}
+
+DecodedCapsule Read(const std::string& path, bool allow_unsigned = false) {
+  ReadOptions options;
+  auto key = LoadPublicKeyFile(kSource + "/samples/keys/test-only.pub");
+  EXPECT_TRUE(key.ok()) << key.status().message();
+  options.trusted_keys.push_back(*key);
+  options.allow_unsigned = allow_unsigned;
+  auto d = ReadCapsuleFile(path, options);
+  EXPECT_TRUE(d.ok()) << d.status().message();
+  return std::move(*d);
+}
+
+std::unique_ptr<v1::ReplayReport> FixtureReplay() {
+  auto text = ReadFileBytes(kReplayJson, 1 << 20);
+  EXPECT_TRUE(text.ok()) << text.status().message();
+  auto r = ParseReplayReportJson(*text);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return std::move(*r);
+}
+
+ReportModel FullModel(const ReportRedaction& redact = {}) {
+  const DecodedCapsule d = Read(kFull);
+  auto bytes = ReadFileBytes(kFull, 1 << 20);
+  ReportOptions options;
+  options.file_name = kFull;
+  options.file_sha256 = Sha256Hex(*bytes);
+  options.redact = redact;
+  const auto replay = FixtureReplay();
+  return BuildReportModel(*d.capsule, d.envelope, replay.get(), options);
+}
+
+// A report of an in-memory capsule, signed state as given; no file involved.
+ReportModel ModelOf(const v1::Capsule& c, SignatureState signature, const ReportOptions& options) {
+  EnvelopeInfo envelope;
+  envelope.signature = signature;
+  return BuildReportModel(c, envelope, nullptr, options);
+}
+
+void ExpectGolden(const std::string& name, const std::string& actual) {
+  const std::string path = kSource + "/tests/report/golden/" + name;
+  const char* update = std::getenv("CAPSULE_UPDATE_GOLDEN");
+  if (update != nullptr && std::string(update) == "1") {
+    ASSERT_TRUE(WriteFileAtomic(path, actual).ok());
+    return;
+  }
+  auto expected = ReadFileBytes(path, 1 << 20);
+  ASSERT_TRUE(expected.ok()) << path << ": " << expected.status().message()
+                             << " (CAPSULE_UPDATE_GOLDEN=1 creates it)";
+  EXPECT_EQ(*expected, actual) << "differs from " << path
+                               << " (CAPSULE_UPDATE_GOLDEN=1 accepts an intended change)";
+}
+
+TEST(ReportGoldenTest, MarkdownOfFullCapsuleWithReplay) {
+  ExpectGolden("full.md", RenderMarkdown(FullModel()));
+}
+
+TEST(ReportGoldenTest, JsonOfFullCapsuleWithReplay) {
+  ExpectGolden("full.json", RenderJson(FullModel()));
+}
+
+TEST(ReportTest, MarkdownHasTheIssueEssentials) {
+  const std::string md = RenderMarkdown(FullModel());
+  EXPECT_EQ(md.rfind("## capsule report: NON_FINITE_LOSS at step 5", 0), 0u) << md;
+  EXPECT_NE(md.find("diagnosis NUMERICS"), std::string::npos);
+  EXPECT_NE(md.find("**← trigger**"), std::string::npos);
+  EXPECT_NE(md.find("**← first anomaly**"), std::string::npos);
+  EXPECT_NE(md.find("first divergence"), std::string::npos);
+  EXPECT_NE(md.find("capsule verify full.capsule --pubkey SIGNER.pub"), std::string::npos);
+  EXPECT_NE(md.find("capsule replay full.capsule --plugin <model plugin> --pubkey SIGNER.pub "
+                    "--bisect"),
+            std::string::npos);
+  EXPECT_NE(md.find(Sha256Hex(*ReadFileBytes(kFull, 1 << 20))), std::string::npos);
+  EXPECT_NE(md.find("<details><summary>"), std::string::npos);
+}
+
+TEST(ReportTest, HistoryTableShowsAtMostSixteenSteps) {
+  v1::Capsule c = golden::MakeFullCapsule();
+  c.mutable_step()->clear_history();
+  for (int i = 0; i < 40; ++i) {
+    v1::StepScalars& h = *c.mutable_step()->add_history();
+    h.set_step(i);
+    h.set_loss(1.0 + i);
+    h.set_grad_norm(2.0);
+  }
+  c.mutable_step()->set_global_step(39);
+  const ReportModel m = ModelOf(c, SignatureState::kVerified, {});
+  EXPECT_EQ(m.history.size(), 40u);
+  EXPECT_EQ(m.history_table_from, 24);
+  const std::string md = RenderMarkdown(m);
+  EXPECT_NE(md.find("last 16 of 40 steps"), std::string::npos);
+  EXPECT_EQ(md.find("| 23 |"), std::string::npos);
+  EXPECT_NE(md.find("| 24 |"), std::string::npos);
+  EXPECT_EQ(Count(Svg(RenderHtml(m), "chart-history"), "<circle class=\"point loss"), 40u);
+}
+
+TEST(ReportTest, LayerTableIsAWindowAroundTheFirstAnomaly) {
+  v1::Capsule c = golden::MakeFullCapsule();
+  v1::Numerics& n = *c.mutable_numerics();
+  n.clear_layers();
+  for (int i = 0; i < 30; ++i) {
+    v1::LayerStats& l = *n.add_layers();
+    l.set_index(i);
+    l.set_name("blocks." + std::to_string(i));
+    l.set_phase(v1::FORWARD);
+    l.mutable_stats()->set_absmax(1.0 + i);
+    l.set_anomalous(i == 10);
+    if (i == 10) l.mutable_stats()->set_pos_inf_count(1);
+  }
+  n.set_first_anomalous_layer("blocks.10");
+  n.set_first_anomalous_phase(v1::FORWARD);
+  ReportModel m = ModelOf(c, SignatureState::kVerified, {});
+  ASSERT_EQ(m.layer_window.size(), 7u);
+  EXPECT_EQ(m.layer_window.front().name, "blocks.7");
+  EXPECT_EQ(m.layer_window.back().name, "blocks.13");
+  EXPECT_TRUE(m.layer_window[3].first_anomaly);
+
+  n.clear_first_anomalous_layer();
+  for (auto& l : *n.mutable_layers()) l.set_anomalous(false);
+  m = ModelOf(c, SignatureState::kVerified, {});
+  EXPECT_EQ(m.layer_window.size(), 20u);
+  EXPECT_EQ(m.layers.size(), 30u);
+}
+
+TEST(ReportHtmlTest, IsSelfContained) {
+  const std::string html = RenderHtml(FullModel());
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  for (const char* banned : {"http://", "https://", "<script", "<link", "@import", "url("}) {
+    EXPECT_EQ(html.find(banned), std::string::npos) << banned;
+  }
+  EXPECT_NE(html.find("<style>"), std::string::npos);
+}
+
+TEST(ReportHtmlTest, ChartsHaveOneMarkPerLayerAndStep) {
+  const ReportModel m = FullModel();
+  const std::string html = RenderHtml(m);
+  size_t forward = 0;
+  for (const auto& l : m.layers) forward += l.phase == "forward";
+  ASSERT_EQ(forward, 3u);
+
+  const std::string absmax = Svg(html, "chart-absmax");
+  EXPECT_EQ(Count(absmax, "<rect class=\"bar"), forward);
+  EXPECT_EQ(Count(absmax, "<rect class=\"bar nonfinite"), 1u);  // blocks.0 holds 2 NaN
+
+  const std::string history = Svg(html, "chart-history");
+  EXPECT_EQ(Count(history, "<circle class=\"point loss"), m.history.size());
+  EXPECT_EQ(Count(history, "<circle class=\"point grad-norm"), m.history.size());
+  EXPECT_EQ(Count(history, "point loss nonfinite"), 1u);  // the NaN loss of step 5
+  EXPECT_EQ(Count(history, "id=\"trigger-marker\""), 1u);
+
+  const std::string divergence = Svg(html, "chart-divergence");
+  EXPECT_EQ(Count(divergence, "<rect class=\"bar"), 3u);  // the fixture's forward layers
+  EXPECT_EQ(Count(divergence, "first-divergent"), 1u);
+  EXPECT_EQ(Count(divergence, "id=\"tolerance-line\""), 1u);
+  EXPECT_NE(divergence.find("stroke-dasharray"), std::string::npos);
+}
+
+TEST(ReportHtmlTest, NoDivergenceChartWithoutReplay) {
+  const DecodedCapsule d = Read(kFull);
+  const std::string html = RenderHtml(BuildReportModel(*d.capsule, d.envelope, nullptr, {}));
+  EXPECT_EQ(Svg(html, "chart-divergence"), "");
+  EXPECT_NE(Svg(html, "chart-absmax"), "");
+}
+
+TEST(ReportEscapingTest, HostileCapsuleTextIsEscapedInEveryFormat) {
+  v1::Capsule c = golden::MakeFullCapsule();
+  c.set_run_name(kHostile);
+  c.mutable_data()->mutable_sequences(0)->set_raw_text(kHostile + "\n```\n| x |");
+  c.mutable_numerics()->mutable_layers(0)->set_name(kHostile);
+  c.mutable_log()->add_lines(kHostile + "\n```");
+  c.mutable_trigger()->set_message(kHostile);
+  c.mutable_identity()->set_config_text("```\n" + kHostile);
+  (*c.mutable_environment()->mutable_libraries())[kHostile] = kHostile;
+  ReportOptions options;
+  options.file_name = "dir/" + kHostile + ".capsule";
+  const ReportModel m = ModelOf(c, SignatureState::kVerified, options);
+  const std::string md = RenderMarkdown(m);
+  const std::string html = RenderHtml(m);
+  const std::string json = RenderJson(m);
+  for (const std::string* out : {&md, &html, &json}) {
+    EXPECT_EQ(out->find("<script"), std::string::npos) << *out;
+  }
+  EXPECT_NE(html.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
+  EXPECT_NE(json.find("\\u003cscript\\u003e"), std::string::npos);
+  EXPECT_NE(md.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
+  // The file name is shell-quoted in the commands to paste.
+  EXPECT_NE(md.find("capsule verify 'script>.capsule' --pubkey SIGNER.pub"), std::string::npos);
+}
+
+TEST(ReportRedactionTest, RedactedItemsAreLeftOut) {
+  auto redact = ParseReportRedaction("text,tokens,paths,host");
+  ASSERT_TRUE(redact.ok());
+  const ReportModel m = FullModel(*redact);
+  for (const std::string& out : {RenderMarkdown(m), RenderHtml(m), RenderJson(m)}) {
+    for (const char* text : {"| abcd |", ">abcd<", "\"abcd\"", "wxyz"}) {  // raw text
+      EXPECT_EQ(out.find(text), std::string::npos) << text;
+    }
+    EXPECT_EQ(out.find("97 98 99 100"), std::string::npos);  // token ids
+    EXPECT_EQ(out.find("[97,98"), std::string::npos);
+    EXPECT_EQ(out.find("golden-host"), std::string::npos);     // host
+    EXPECT_EQ(out.find("/data/tiny"), std::string::npos);      // paths
+    EXPECT_NE(out.find("tokenizer.json"), std::string::npos);  // base names stay
+  }
+  EXPECT_NE(RenderMarkdown(m).find("| left out of this report | text, tokens, paths, host |"),
+            std::string::npos);
+
+  // Without --redact everything is there.
+  const std::string plain = RenderMarkdown(FullModel());
+  EXPECT_NE(plain.find("| abcd |"), std::string::npos);
+  EXPECT_NE(plain.find("golden-host"), std::string::npos);
+  EXPECT_NE(plain.find("/data/tiny/tokenizer.json"), std::string::npos);
+}
+
+TEST(ReportRedactionTest, ParsesOnlyKnownItems) {
+  auto some = ParseReportRedaction("host");
+  ASSERT_TRUE(some.ok());
+  EXPECT_TRUE(some->host);
+  EXPECT_FALSE(some->text);
+  EXPECT_TRUE(ParseReportRedaction("").ok());
+  auto bad = ParseReportRedaction("text,passwords");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("passwords"), std::string::npos);
+}
+
+TEST(ReportTrustTest, UnsignedCapsuleReportBeginsWithAWarning) {
+  const DecodedCapsule d = Read(kUnsigned, /*allow_unsigned=*/true);
+  const ReportModel m = BuildReportModel(*d.capsule, d.envelope, nullptr, {});
+  const std::string md = RenderMarkdown(m);
+  EXPECT_EQ(md.rfind("> **WARNING: this capsule is UNSIGNED", 0), 0u) << md;
+  EXPECT_NE(md.find("--allow-unsigned --bisect"), std::string::npos);
+  const std::string html = RenderHtml(m);
+  const size_t body = html.find("<body>");
+  EXPECT_EQ(
+      html.find("<p class=\"warning\" id=\"trust-warning\">WARNING: this capsule is UNSIGNED"),
+      body + 7);
+  EXPECT_EQ(RenderJson(m).rfind("{\"warning\":\"this capsule is UNSIGNED", 0), 0u);
+}
+
+TEST(ReportTrustTest, UntrustedSignerIsFlagged) {
+  const ReportModel m =
+      ModelOf(golden::MakeFullCapsule(), SignatureState::kNotChecked, ReportOptions{});
+  EXPECT_EQ(RenderMarkdown(m).rfind("> **WARNING: this capsule's signature was NOT CHECKED", 0),
+            0u);
+  EXPECT_TRUE(
+      ModelOf(golden::MakeFullCapsule(), SignatureState::kVerified, {}).trust_warning.empty());
+}
+
+TEST(ReplayJsonTest, AcceptsNullFirstDivergentLayerAndRejectsGarbage) {
+  auto r = ParseReplayReportJson(
+      R"({"diagnosis":"NO_DIVERGENCE","first_divergent_layer":null,"some_future_field":1})");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)->diagnosis(), v1::NO_DIVERGENCE);
+  EXPECT_EQ((*r)->first_divergent_layer(), "");
+  auto bad = ParseReplayReportJson("{\"diagnosis\":");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DiffTest, CapsuleEqualsItself) {
+  const DecodedCapsule a = Read(kFull);
+  const DecodedCapsule b = Read(kFull);
+  const auto diff = DiffCapsules(*a.capsule, *b.capsule);
+  EXPECT_TRUE(diff.empty());
+  EXPECT_EQ(RenderDiffTable(diff).rfind("equivalent", 0), 0u);
+  EXPECT_EQ(RenderDiffJson(diff), "{\"equivalent\":true,\"differences\":[]}\n");
+}
+
+TEST(DiffTest, TimestampsAndHostNameAreIgnored) {
+  const v1::Capsule a = golden::MakeFullCapsule();
+  v1::Capsule b = a;
+  b.set_created_unix_micros(a.created_unix_micros() + 1000000);
+  b.mutable_trigger()->set_wall_time_unix_micros(42);
+  b.mutable_environment()->set_hostname("elsewhere");
+  b.mutable_redaction()->set_redacted_unix_micros(7);
+  EXPECT_TRUE(DiffCapsules(a, b).empty());
+}
+
+TEST(DiffTest, FullAgainstMinimalListsDifferencesInEverySection) {
+  const DecodedCapsule a = Read(kFull);
+  const DecodedCapsule b = Read(kMinimal);
+  const auto diff = DiffCapsules(*a.capsule, *b.capsule);
+  ASSERT_FALSE(diff.empty());
+  auto has = [&diff](const std::string& section, const std::string& key) {
+    for (const auto& d : diff) {
+      if (d.section == section && d.key == key) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has("identity", "model_sha256"));
+  EXPECT_TRUE(has("identity", "file tokenizer:tokenizer.json sha256"));
+  EXPECT_TRUE(has("identity", "config_sha256"));
+  EXPECT_TRUE(has("identity", "config_text line 1"));
+  EXPECT_TRUE(has("environment", "torch_version"));
+  EXPECT_TRUE(has("environment", "libraries.zstd"));
+  EXPECT_TRUE(has("config", "model.registry_name"));
+  EXPECT_TRUE(has("trigger", "kind"));
+  EXPECT_TRUE(has("trigger", "step"));
+  EXPECT_TRUE(has("layers", "blocks.0/forward"));
+  EXPECT_NE(RenderDiffJson(diff).find("\"equivalent\":false"), std::string::npos);
+}
+
+TEST(DiffTest, LayerStatsShowTheRelativeChange) {
+  const v1::Capsule a = golden::MakeFullCapsule();
+  v1::Capsule b = a;
+  b.mutable_numerics()->mutable_layers(0)->mutable_stats()->set_absmax(2.5);  // was 2
+  b.mutable_numerics()->mutable_layers(2)->mutable_stats()->set_nan_count(3);
+  (*b.mutable_environment()->mutable_libraries())["zstd"] = "1.5.5";
+  const auto diff = DiffCapsules(a, b);
+  ASSERT_EQ(diff.size(), 3u);
+  EXPECT_EQ(diff[0].key, "libraries.zstd");
+  EXPECT_EQ(diff[0].a, "1.5.4");
+  EXPECT_EQ(diff[0].b, "1.5.5");
+  EXPECT_EQ(diff[1].key, "embed/forward absmax");
+  EXPECT_EQ(diff[1].note, "+25.0%");
+  EXPECT_EQ(diff[2].key, "loss/forward nan");
+  EXPECT_EQ(diff[2].b, "3");
+  const std::string table = RenderDiffTable(diff);
+  EXPECT_NE(table.find("3 differences"), std::string::npos);
+}
+
+TEST(DiffTest, ConfigTextDiffPointsAtTheLine) {
+  const v1::Capsule a = golden::MakeFullCapsule();
+  v1::Capsule b = a;
+  b.mutable_identity()->set_config_text("lr: 3e-4\nbatch: 4\n");
+  b.mutable_identity()->set_config_sha256(Sha256Hex(b.identity().config_text()));
+  const auto diff = DiffCapsules(a, b);
+  ASSERT_EQ(diff.size(), 2u);
+  EXPECT_EQ(diff[0].key, "config_sha256");
+  EXPECT_EQ(diff[1].key, "config_text line 2");
+  EXPECT_EQ(diff[1].a, "batch: 2");
+  EXPECT_EQ(diff[1].b, "batch: 4");
+}
+
+}  // namespace
+}  // namespace capsule
