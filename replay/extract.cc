@@ -1,0 +1,384 @@
+#include "replay/extract.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "capture/environment.h"
+#include "capture/tensor_codec.h"
+#include "proto/capsule.pb.h"
+#include "proto/replay_report.pb.h"
+#include "proto/sha256.h"
+#include "proto/version.h"
+
+namespace capsule {
+namespace {
+
+using TensorListT = std::vector<at::Tensor>;
+
+Status FromTorch(const c10::Error& e, const std::string& what) {
+  return InternalError(what + ": " + e.what_without_backtrace());
+}
+
+const v1::TensorBlob* FindTensor(const v1::Capsule& c, const std::string& name) {
+  for (const auto& t : c.tensors()) {
+    if (t.name() == name) return &t;
+  }
+  return nullptr;
+}
+
+// Batch tensors present in `c` (input_ids may be absent in an extract).
+StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c) {
+  LayerBatch b;
+  b.labels_shifted = c.data().labels_shifted();
+  // Layerwise comparisons run with training off (replayer.cc): dropout masks differ by path.
+  b.training = false;
+  const std::pair<const char*, at::Tensor*> tensors[] = {{"input_ids", &b.input_ids},
+                                                         {"labels", &b.labels},
+                                                         {"attention_mask", &b.attention_mask},
+                                                         {"loss_mask", &b.loss_mask}};
+  for (const auto& [name, dst] : tensors) {
+    if (const v1::TensorBlob* t = FindTensor(c, name)) {
+      CAPSULE_ASSIGN_OR_RETURN(*dst, TensorFromBlob(*t));
+    }
+  }
+  return b;
+}
+
+// The same thread count and deterministic flag as the full replay (PinEnvironment in
+// replayer.cc): FP64 reductions depend on the thread count, and the stored reference input must be
+// bit for bit the one the full replay computes.
+Status PinThreads(const v1::Capsule& c, bool force, std::vector<std::string>* warnings) {
+  const std::string recorded = c.environment().torch_version();
+  if (!recorded.empty() && recorded != TorchVersion()) {
+    const std::string msg = "capsule was recorded with torch " + recorded + ", this is torch " +
+                            TorchVersion() + "; kernels may differ";
+    if (!force) return FailedPreconditionError(msg + " (--force to go on anyway)");
+    warnings->push_back(msg);
+  }
+  const int threads = c.numerics().intra_op_threads() > 0 ? c.numerics().intra_op_threads()
+                                                          : c.environment().intra_op_threads();
+  if (threads > 0) at::set_num_threads(threads);
+  at::globalContext().setDeterministicAlgorithms(c.environment().deterministic_algorithms(),
+                                                 /*warn_only=*/false);
+  return Status::Ok();
+}
+
+StatusOr<size_t> LayerIndex(LayerSequence& seq, const std::string& layer) {
+  for (size_t i = 0; i < seq.size(); ++i) {
+    if (seq.name(i) == layer) return i;
+  }
+  std::string names;
+  for (size_t i = 0; i < seq.size(); ++i) names += (i ? ", " : "") + seq.name(i);
+  return InvalidArgumentError("the model has no layer \"" + layer + "\" (layers: " + names + ")");
+}
+
+// "NAME/input.K" -> K, or -1.
+int InputSlot(const std::string& blob_name, const std::string& prefix) {
+  if (blob_name.rfind(prefix, 0) != 0) return -1;
+  try {
+    return std::stoi(blob_name.substr(prefix.size()));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// The blobs of `role` for `layer` named PREFIX<k>, as a list ordered by k.
+StatusOr<TensorListT> LayerTensors(const v1::Capsule& c, v1::TensorRole role,
+                                   const std::string& layer, const std::string& prefix) {
+  std::map<int, at::Tensor> by_slot;
+  for (const auto& t : c.tensors()) {
+    if (t.role() != role || t.layer() != layer) continue;
+    const int k = InputSlot(t.name(), prefix);
+    if (k < 0) continue;
+    CAPSULE_ASSIGN_OR_RETURN(by_slot[k], TensorFromBlob(t));
+  }
+  TensorListT out;
+  for (auto& [k, t] : by_slot) {
+    if (k != static_cast<int>(out.size())) out.resize(k);
+    out.push_back(t);
+  }
+  return out;
+}
+
+TensorListT CastTo(const TensorListT& xs, at::ScalarType dtype) {
+  TensorListT out;
+  for (const at::Tensor& x : xs) {
+    if (!x.defined() || !x.is_floating_point()) {
+      out.push_back(x.defined() ? x.detach() : x);
+      continue;
+    }
+    out.push_back(x.detach().to(dtype).clone());
+  }
+  return out;
+}
+
+bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || !a.sizes().equals(b.sizes())) return false;
+  const at::Tensor x = a.contiguous();
+  const at::Tensor y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
+}
+
+void FillComparison(const TensorComparison& t, v1::LayerComparison* out) {
+  out->set_max_abs_err(t.max_abs_err);
+  out->set_max_rel_err(t.max_rel_err);
+  out->set_rms_err_rel(t.rms_err_rel);
+  out->set_cosine(t.cosine);
+  out->set_nonfinite_mismatch(t.nonfinite_mismatch);
+  out->set_failed(t.failed);
+  out->set_numel(t.numel);
+  out->set_fail_fraction(t.fail_fraction);
+  out->set_atol(t.tolerance_used.atol);
+  out->set_rtol(t.tolerance_used.rtol);
+  if (t.top1_agreement) out->set_top1_agreement(*t.top1_agreement);
+  out->set_verdict(t.diverged ? v1::DIVERGED : v1::OK);
+  out->set_reason(t.reason);
+}
+
+}  // namespace
+
+bool IsLayerExtract(const v1::Capsule& capsule) {
+  return capsule.annotations().count(kExtractLayerKey) > 0;
+}
+
+StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry& registry,
+                                   const ExtractOptions& options) {
+  if (IsLayerExtract(full)) {
+    return InvalidArgumentError("the capsule is already an extract of layer " +
+                                full.annotations().at(kExtractLayerKey));
+  }
+  if (full.model().registry_name().empty()) {
+    return InvalidArgumentError("the capsule names no model (model.registry_name is empty)");
+  }
+  if (full.model().weight_policy() != v1::WEIGHTS_ALL) {
+    return FailedPreconditionError(
+        "extract computes the layer's reference input from the model's weights, and the capsule "
+        "does not embed them all (weight policy " +
+        v1::WeightPolicy_Name(full.model().weight_policy()) + "); record with weight policy ALL");
+  }
+  std::vector<std::string> warnings;
+  CAPSULE_RETURN_IF_ERROR(PinThreads(full, /*force=*/false, &warnings));
+  CAPSULE_ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> model,
+      registry.Create({full.model().registry_name(), full.model().config_json()}));
+  std::vector<NamedTensor> params;
+  for (const auto& t : full.tensors()) {
+    if (t.role() != v1::PARAMETER) continue;
+    CAPSULE_ASSIGN_OR_RETURN(at::Tensor p, TensorFromBlob(t));
+    params.emplace_back(t.name(), p);
+  }
+  Status s = model->LoadParameters(params);
+  if (!s.ok()) return s.WithContext("cannot load the capsule's weights");
+  LayerSequence& ref = model->Path(PathKind::kReference);
+  CAPSULE_ASSIGN_OR_RETURN(const size_t index, LayerIndex(ref, options.layer));
+  CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatchTensors(full));
+  if (!batch.input_ids.defined()) {
+    bool redacted = false;
+    for (const auto& seq : full.data().sequences()) redacted |= !seq.token_ids_sha256().empty();
+    return FailedPreconditionError(
+        redacted
+            ? "the capsule's token ids were redacted, so the layer's input cannot be computed; "
+              "extract from the unredacted capsule"
+            : "the capsule has no input_ids tensor; the layer's input cannot be computed");
+  }
+
+  // The reference path up to the layer, as the full replay's reference run computes it.
+  TensorListT x = {batch.input_ids};
+  try {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < index; ++i) x = ref.Forward(i, x, batch);
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "reference path up to " + options.layer);
+  }
+
+  v1::Capsule out;
+  out.set_writer_version(CapsuleVersion());
+  out.set_created_unix_micros(full.created_unix_micros());
+  out.set_run_name(full.run_name());
+  *out.mutable_trigger() = full.trigger();
+  *out.mutable_step() = full.step();
+  *out.mutable_identity() = full.identity();
+  *out.mutable_placement() = full.placement();
+  *out.mutable_environment() = full.environment();
+  *out.mutable_redaction() = full.redaction();
+  *out.mutable_annotations() = full.annotations();
+  (*out.mutable_annotations())[kExtractLayerKey] = options.layer;
+  (*out.mutable_annotations())[kExtractIndexKey] = std::to_string(index);
+  (*out.mutable_annotations())[kExtractSourceKey] = options.source_sha256;
+
+  v1::Numerics& num = *out.mutable_numerics();
+  num.set_intra_op_threads(full.numerics().intra_op_threads());
+  num.set_path(full.numerics().path());
+  num.set_first_anomalous_index(-1);
+  for (const auto& l : full.numerics().layers()) {
+    if (l.name() == options.layer) *num.add_layers() = l;
+  }
+  if (full.numerics().first_anomalous_layer() == options.layer) {
+    num.set_first_anomalous_layer(options.layer);
+    num.set_first_anomalous_index(full.numerics().first_anomalous_index());
+    num.set_first_anomalous_phase(full.numerics().first_anomalous_phase());
+    num.set_anomaly_reason(full.numerics().anomaly_reason());
+  }
+
+  v1::ModelSpec& spec = *out.mutable_model();
+  spec.set_registry_name(full.model().registry_name());
+  spec.set_config_json(full.model().config_json());
+  spec.set_trainer_path(full.model().trainer_path());
+  spec.set_weight_policy(v1::WEIGHTS_ANOMALOUS_LAYER);
+  spec.add_layers(options.layer);
+
+  for (size_t k = 0; k < x.size(); ++k) {
+    if (!x[k].defined()) continue;
+    v1::TensorBlob* blob = out.add_tensors();
+    CAPSULE_RETURN_IF_ERROR(
+        TensorToBlob(options.layer + "/input." + std::to_string(k), x[k], blob));
+    blob->set_role(v1::LAYER_INPUT);
+    blob->set_layer(options.layer);
+  }
+  // What the capture saw on the optimized path at this layer (the first anomalous layer only):
+  // replay runs the layer on it again to judge fidelity.
+  for (const auto& t : full.tensors()) {
+    if (t.layer() != options.layer) continue;
+    if (t.role() == v1::LAYER_INPUT) {
+      v1::TensorBlob* blob = out.add_tensors();
+      *blob = t;
+      blob->set_name(options.layer + "/optimized_input." +
+                     t.name().substr(t.name().rfind('.') + 1));
+      blob->set_role(v1::OTHER);
+    } else if (t.role() == v1::OPTIMIZED_OUTPUT || t.role() == v1::REFERENCE_OUTPUT) {
+      *out.add_tensors() = t;
+    }
+  }
+  std::set<std::string> own;
+  for (const NamedTensor& p : ref.LayerParameters(index)) own.insert(p.first);
+  for (const auto& t : full.tensors()) {
+    if (t.role() != v1::PARAMETER || own.count(t.name()) == 0) continue;
+    v1::TensorBlob* blob = out.add_tensors();
+    *blob = t;
+    blob->set_layer(options.layer);
+  }
+  // Masks are small and any layer may read them; labels are token ids, kept for the loss only.
+  const bool is_last = index + 1 == ref.size();
+  v1::DataBatch& data = *out.mutable_data();
+  data.set_labels_shifted(full.data().labels_shifted());
+  for (const char* name : {"attention_mask", "loss_mask", "labels"}) {
+    if (std::string(name) == "labels" && !is_last) continue;
+    if (const v1::TensorBlob* t = FindTensor(full, name)) {
+      *out.add_tensors() = *t;
+      data.add_tensor_names(name);
+    }
+  }
+  return out;
+}
+
+StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegistry& registry,
+                                         const ReplayOptions& options) {
+  v1::ReplayReport report;
+  const std::string layer = c.annotations().at(kExtractLayerKey);
+  std::vector<std::string> warnings;
+  CAPSULE_RETURN_IF_ERROR(PinThreads(c, options.force, &warnings));
+  for (const auto& w : warnings) report.add_warnings(w);
+  report.set_intra_op_threads(at::get_num_threads());
+  if (options.progress) options.progress("rebuilding " + c.model().registry_name());
+  CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                           registry.Create({c.model().registry_name(), c.model().config_json()}));
+  // LoadParameters wants every parameter: the model's own initial values stand in for the layers
+  // the extract does not hold, which this replay never runs.
+  std::map<std::string, at::Tensor> embedded;
+  for (const auto& t : c.tensors()) {
+    if (t.role() != v1::PARAMETER) continue;
+    CAPSULE_ASSIGN_OR_RETURN(embedded[t.name()], TensorFromBlob(t));
+  }
+  std::vector<NamedTensor> merged;
+  for (const NamedTensor& p : model->NamedParameters()) {
+    auto it = embedded.find(p.first);
+    merged.emplace_back(p.first, it != embedded.end() ? it->second : p.second.detach().clone());
+  }
+  Status s = model->LoadParameters(merged);
+  if (!s.ok()) return s.WithContext("cannot load the extract's parameters");
+
+  LayerSequence& ref = model->Path(PathKind::kReference);
+  LayerSequence& opt = model->Path(PathKind::kOptimized);
+  CAPSULE_ASSIGN_OR_RETURN(const size_t i, LayerIndex(opt, layer));
+  for (const NamedTensor& p : opt.LayerParameters(i)) {
+    if (embedded.count(p.first) == 0) {
+      return InvalidArgumentError("the extract lacks parameter " + p.first + " of layer " + layer);
+    }
+  }
+  CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatchTensors(c));
+  CAPSULE_ASSIGN_OR_RETURN(TensorListT inputs,
+                           LayerTensors(c, v1::LAYER_INPUT, layer, layer + "/input."));
+  if (inputs.empty()) return InvalidArgumentError("the extract holds no input of layer " + layer);
+  if (i == 0 && !batch.input_ids.defined()) batch.input_ids = inputs.at(0);
+
+  if (options.progress) options.progress("layer " + layer);
+  TensorListT ref_out, opt_out;
+  try {
+    at::NoGradGuard no_grad;
+    ref_out = ref.Forward(i, CastTo(inputs, ref.compute_dtype()), batch);
+    opt_out = opt.Forward(i, CastTo(inputs, opt.compute_dtype()), batch);
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "layer " + layer);
+  }
+  const size_t n = opt.size();
+  const at::Tensor& reference = ref_out.at(0);
+  CAPSULE_ASSIGN_OR_RETURN(TensorComparison cmp,
+                           CompareTensors(opt_out.at(0), reference, layer, options.compare,
+                                          /*logits=*/i + 2 == n && reference.dim() >= 2));
+  v1::LayerComparison& lc = *report.add_layers();
+  lc.set_index(static_cast<int>(i));
+  lc.set_name(layer);
+  lc.set_phase(v1::FORWARD);
+  lc.set_tensor("output");
+  FillComparison(cmp, &lc);
+
+  // Fidelity: the optimized layer on the captured optimized input gives the captured output.
+  report.set_trigger(c.trigger().kind());
+  report.set_captured_value(c.trigger().observed());
+  CAPSULE_ASSIGN_OR_RETURN(TensorListT captured_in,
+                           LayerTensors(c, v1::OTHER, layer, layer + "/optimized_input."));
+  const v1::TensorBlob* captured_out = nullptr;
+  for (const auto& t : c.tensors()) {
+    if (t.role() == v1::OPTIMIZED_OUTPUT && t.layer() == layer) captured_out = &t;
+  }
+  if (captured_out != nullptr && !captured_in.empty()) {
+    CAPSULE_ASSIGN_OR_RETURN(at::Tensor want, TensorFromBlob(*captured_out));
+    TensorListT again;
+    try {
+      at::NoGradGuard no_grad;
+      again = opt.Forward(i, captured_in, batch);
+    } catch (const c10::Error& e) {
+      return FromTorch(e, "layer " + layer + " on its captured input");
+    }
+    const bool exact = BitwiseEqual(again.at(0), want);
+    report.set_fidelity(exact ? v1::REPRODUCED_EXACT : v1::REPRODUCED_APPROX);
+    report.set_fidelity_detail(
+        layer + " output on its captured input: " +
+        (exact ? "bitwise equal to the capture" : "differs from the capture"));
+  } else {
+    report.set_fidelity_detail("the extract holds no captured output of " + layer +
+                               " (captured for the first anomalous layer only); not judged");
+  }
+
+  if (cmp.diverged) {
+    report.set_diagnosis(v1::NUMERICS);
+    report.set_first_divergent_layer(layer);
+    report.set_first_divergent_phase(v1::FORWARD);
+    report.set_diagnosis_text("numerics in the optimized path: layer " + layer +
+                              " diverges from the reference on its reference input (extract)");
+  } else {
+    report.set_diagnosis(v1::NO_DIVERGENCE);
+    report.set_diagnosis_text(
+        "no divergence: the optimized and reference paths agree within "
+        "tolerance on layer " +
+        layer + " (extract)");
+  }
+  return report;
+}
+
+}  // namespace capsule
