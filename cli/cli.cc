@@ -19,8 +19,12 @@ int MainImpl(int argc, char** argv, ModelRegistry* registry) {
   SetupKeygenCommand(app, &run);
   SetupInspectCommand(app, &run);
   SetupVerifyCommand(app, &run);
+  SetupReportCommand(app, &run);
+  SetupDiffCommand(app, &run);
+  SetupRedactCommand(app, &run);
 #ifdef CAPSULE_WITH_TORCH
   SetupReplayCommand(app, &run, registry);
+  SetupExtractCommand(app, &run, registry);
 #endif
   try {
     app.parse(argc, argv);

@@ -48,6 +48,36 @@ struct VerifyOptions {
 void SetupVerifyCommand(CLI::App& app, RunFn* run);
 int RunVerifyCommand(const VerifyOptions& options);
 
+struct RedactCliOptions {
+  std::string file;
+  std::string drop;  // "text,tokens,paths,host" or a subset
+  std::string key;   // private key signing the output
+  std::string out;
+  TrustOptions trust;
+};
+void SetupRedactCommand(CLI::App& app, RunFn* run);
+int RunRedactCommand(const RedactCliOptions& options);
+
+struct ReportCliOptions {
+  std::string file;
+  TrustOptions trust;
+  std::string format = "md";  // md | html | json
+  std::string replay_json;    // `capsule replay --json` output to include; empty: none
+  std::string redact;         // "text,tokens,paths,host" or a subset, left out of the report
+  std::string out;            // empty: stdout
+};
+void SetupReportCommand(CLI::App& app, RunFn* run);
+int RunReportCommand(const ReportCliOptions& options);
+
+struct DiffCliOptions {
+  std::string a;
+  std::string b;
+  TrustOptions trust;
+  bool json = false;
+};
+void SetupDiffCommand(CLI::App& app, RunFn* run);
+int RunDiffCommand(const DiffCliOptions& options);
+
 #ifdef CAPSULE_WITH_TORCH
 struct ReplayCliOptions {
   std::string file;
@@ -65,6 +95,17 @@ struct ReplayCliOptions {
 };
 void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
 int RunReplayCommand(const ReplayCliOptions& options, ModelRegistry& registry);
+
+struct ExtractCliOptions {
+  std::string file;
+  std::string layer;
+  std::string key;  // private key signing the extract
+  std::string out;
+  std::vector<std::string> plugins;
+  TrustOptions trust;
+};
+void SetupExtractCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
+int RunExtractCommand(const ExtractCliOptions& options, ModelRegistry& registry);
 #endif
 
 }  // namespace capsule::cli

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli/cli.h"
+#include "proto/file_util.h"
 #include "proto/signing.h"
 
 namespace capsule::cli {
@@ -32,6 +33,30 @@ StatusOr<ReadOptions> MakeReadOptions(const std::vector<std::string>& pubkeys,
     options.trusted_keys.push_back(std::move(key));
   }
   return options;
+}
+
+std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
+                                         const std::vector<std::string>& pubkeys,
+                                         bool allow_unsigned, int* exit_code) {
+  *exit_code = kExitError;
+  auto options = MakeReadOptions(pubkeys, allow_unsigned);
+  if (!options.ok()) {
+    PrintError(options.status());
+    return std::nullopt;
+  }
+  options->allow_untrusted = allow_unsigned;
+  auto bytes = ReadFileBytes(file, options->max_file_bytes);
+  if (!bytes.ok()) {
+    PrintError(bytes.status());
+    return std::nullopt;
+  }
+  auto decoded = DecodeCapsule(*bytes, *options);
+  if (!decoded.ok()) {
+    PrintError(decoded.status().WithContext(file));
+    *exit_code = ExitCodeForReadError(decoded.status());
+    return std::nullopt;
+  }
+  return LoadedCapsule{std::move(*bytes), std::move(*decoded)};
 }
 
 std::string HumanBytes(uint64_t bytes) {

@@ -141,19 +141,13 @@ void SetupInspectCommand(CLI::App& app, RunFn* run) {
 }
 
 int RunInspectCommand(const InspectOptions& options) {
-  auto read_options = MakeReadOptions(options.trust.pubkeys, options.trust.allow_unsigned);
-  if (!read_options.ok()) {
-    PrintError(read_options.status());
-    return kExitError;
-  }
-  // Without --pubkey the user asked to look, not to trust: the signature is reported as not
-  // checked instead of refusing.
-  read_options->allow_untrusted = options.trust.allow_unsigned;
-  auto decoded = ReadCapsuleFile(options.file, *read_options);
-  if (!decoded.ok()) {
-    PrintError(decoded.status());
-    return ExitCodeForReadError(decoded.status());
-  }
+  // Without --pubkey the user asked to look, not to trust: with --allow-unsigned the signature is
+  // reported as not checked instead of refused.
+  int rc = kExitError;
+  std::optional<LoadedCapsule> loaded =
+      LoadCapsule(options.file, options.trust.pubkeys, options.trust.allow_unsigned, &rc);
+  if (!loaded) return rc;
+  DecodedCapsule* decoded = &loaded->decoded;
   if (!options.json) {
     PrintSummary(options.file, *decoded, std::cout);
     return kExitOk;

@@ -170,31 +170,19 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
       return kExitError;
     }
   }
-  auto read_options = MakeReadOptions(o.trust.pubkeys, o.trust.allow_unsigned);
-  if (!read_options.ok()) {
-    PrintError(read_options.status());
-    return kExitError;
-  }
-  read_options->allow_untrusted = o.trust.allow_unsigned;
-  auto bytes = ReadFileBytes(o.file, read_options->max_file_bytes);
-  if (!bytes.ok()) {
-    PrintError(bytes.status());
-    return kExitError;
-  }
-  auto decoded = DecodeCapsule(*bytes, *read_options);
-  if (!decoded.ok()) {
-    // Replay cannot judge a capsule it cannot trust: every refusal is an error here.
-    PrintError(decoded.status().WithContext(o.file));
-    return kExitError;
-  }
-  auto report = ReplayCapsule(*decoded->capsule, registry, options);
+  // Replay cannot judge a capsule it cannot trust: every refusal is an error (exit 2) here.
+  int rc = kExitError;
+  std::optional<LoadedCapsule> loaded =
+      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  if (!loaded) return kExitError;
+  auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
   if (tty) std::cerr << "\r\033[K" << std::flush;
   if (!report.ok()) {
     PrintError(report.status());
     return kExitError;
   }
   report->set_capsule(o.file);
-  report->set_capsule_sha256(Sha256Hex(*bytes));
+  report->set_capsule_sha256(Sha256Hex(loaded->bytes));
   std::string cmd = "capsule replay " + o.file;
   for (const auto& p : o.plugins) cmd += " --plugin " + p;
   for (const auto& k : o.trust.pubkeys) cmd += " --pubkey " + k;

@@ -38,6 +38,17 @@ run verify golden/does-not-exist.capsule --pubkey keys/test-only.pub
 run verify golden/valid/full.capsule
 run frobnicate
 
+# report and diff (the report's full Markdown/JSON/HTML is golden-tested in tests/report/).
+run report golden/valid/unsigned.capsule --allow-unsigned
+run report golden/valid/unsigned.capsule
+run report golden/valid/full.capsule --pubkey keys/test-only.pub --format html -o "$work/r.html"
+echo "html: $(grep -c '<rect class="bar' "$work/r.html") bars, $(grep -c '<circle class="point' "$work/r.html") points" >> "$transcript"
+run report golden/valid/full.capsule --pubkey keys/test-only.pub --redact text,passwords
+run diff golden/valid/full.capsule golden/valid/full.capsule --pubkey keys/test-only.pub
+run diff golden/valid/full.capsule golden/valid/minimal.capsule --pubkey keys/test-only.pub
+run diff golden/valid/minimal.capsule golden/valid/unsigned.capsule --allow-unsigned --json
+run diff golden/valid/full.capsule golden/does-not-exist.capsule --pubkey keys/test-only.pub
+
 # keygen: the key id is random, so normalise it; the modes are part of the contract.
 run keygen --out "$work/k"
 sed -i -E 's/key id [0-9a-f]{64}/key id <64 hex>/' "$transcript"

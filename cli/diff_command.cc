@@ -1,0 +1,40 @@
+#include <iostream>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "proto/capsule.pb.h"
+#include "proto/capsule_reader.h"
+#include "report/diff.h"
+
+namespace capsule::cli {
+
+void SetupDiffCommand(CLI::App& app, RunFn* run) {
+  auto options = std::make_shared<DiffCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "diff", "Compare two capsules: identity, environment, config, trigger, layer stats");
+  cmd->add_option("a", options->a, "First capsule file")->required();
+  cmd->add_option("b", options->b, "Second capsule file")->required();
+  auto* pub =
+      cmd->add_option("--pubkey", options->trust.pubkeys, "Trusted public key (PEM); repeatable")
+          ->check(CLI::ExistingFile);
+  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
+                "Read unsigned capsules, or ones whose signer is not given with --pubkey")
+      ->excludes(pub);
+  cmd->add_flag("--json", options->json, "Print the differences as JSON");
+  cmd->callback([options, run] { *run = [options] { return RunDiffCommand(*options); }; });
+}
+
+int RunDiffCommand(const DiffCliOptions& o) {
+  // 1 means "they differ", so any read failure is an error (exit 2) here.
+  int rc = kExitError;
+  auto a = LoadCapsule(o.a, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  if (!a) return kExitError;
+  auto b = LoadCapsule(o.b, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  if (!b) return kExitError;
+  const std::vector<CapsuleDifference> diff = DiffCapsules(*a->decoded.capsule, *b->decoded.capsule);
+  std::cout << (o.json ? RenderDiffJson(diff) : RenderDiffTable(diff));
+  return diff.empty() ? kExitOk : kExitInvalid;
+}
+
+}  // namespace capsule::cli

@@ -1,0 +1,77 @@
+#include <iostream>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "proto/capsule.pb.h"
+#include "proto/capsule_reader.h"
+#include "proto/capsule_writer.h"
+#include "proto/envelope_format.h"
+#include "proto/file_util.h"
+#include "proto/sha256.h"
+#include "proto/signing.h"
+#include "replay/extract.h"
+#include "replay/plugin_loader.h"
+
+namespace capsule::cli {
+
+void SetupExtractCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
+  auto options = std::make_shared<ExtractCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "extract", "Write a minimal capsule holding one layer, which replays without the model");
+  cmd->add_option("file", options->file, "Capsule file (with all weights embedded)")->required();
+  cmd->add_option("--layer", options->layer, "Layer to extract, e.g. blocks.6")->required();
+  cmd->add_option("--key", options->key, "Private key (PEM, mode 0600) to sign the extract with")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
+  cmd->add_option("--plugin", options->plugins,
+                  "Shared library registering the capsule's model; repeatable")
+      ->check(CLI::ExistingFile);
+  auto* pub = cmd->add_option("--pubkey", options->trust.pubkeys,
+                              "Trusted public key (PEM) for the input; repeatable")
+                  ->check(CLI::ExistingFile);
+  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
+                "Read an unsigned input, or one whose signer is not given with --pubkey")
+      ->excludes(pub);
+  cmd->callback([options, run, registry] {
+    *run = [options, registry] { return RunExtractCommand(*options, *registry); };
+  });
+}
+
+int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
+  auto key = LoadPrivateKeyFile(o.key);
+  if (!key.ok()) {
+    PrintError(key.status().WithContext("--key"));
+    return kExitError;
+  }
+  for (const std::string& p : o.plugins) {
+    Status s = LoadPlugin(p, registry);
+    if (!s.ok()) {
+      PrintError(s);
+      return kExitError;
+    }
+  }
+  int rc = kExitError;
+  std::optional<LoadedCapsule> loaded =
+      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  if (!loaded) return rc;
+  auto extract = ExtractLayer(*loaded->decoded.capsule, registry, {o.layer, Sha256Hex(loaded->bytes)});
+  if (!extract.ok()) {
+    PrintError(extract.status());
+    return kExitError;
+  }
+  WriteOptions write;
+  write.signing_key = &*key;
+  write.optional_flags =
+      kOptionalFlagExtract | (loaded->decoded.envelope.header.optional_flags & kOptionalFlagRedacted);
+  Status s = WriteCapsuleFile(o.out, *extract, write);
+  if (!s.ok()) {
+    PrintError(s.WithContext(o.out));
+    return kExitError;
+  }
+  std::cout << "wrote " << o.out << " (layer " << o.layer << ")\n";
+  return kExitOk;
+}
+
+}  // namespace capsule::cli

@@ -1,0 +1,80 @@
+#include <iostream>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "proto/capsule.pb.h"
+#include "proto/capsule_reader.h"
+#include "proto/capsule_writer.h"
+#include "proto/envelope_format.h"
+#include "proto/file_util.h"
+#include "proto/redact.h"
+#include "proto/sha256.h"
+#include "proto/signing.h"
+
+namespace capsule::cli {
+
+void SetupRedactCommand(CLI::App& app, RunFn* run) {
+  auto options = std::make_shared<RedactCliOptions>();
+  CLI::App* cmd =
+      app.add_subcommand("redact", "Write a re-signed copy of a capsule without private data");
+  cmd->add_option("file", options->file, "Capsule file")->required();
+  cmd->add_option("--drop", options->drop,
+                  "Comma-separated items to remove: text, tokens, paths, host")
+      ->required();
+  cmd->add_option("--key", options->key, "Private key (PEM, mode 0600) to sign the output with")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
+  auto* pub = cmd->add_option("--pubkey", options->trust.pubkeys,
+                              "Trusted public key (PEM) for the input; repeatable")
+                  ->check(CLI::ExistingFile);
+  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
+                "Read an unsigned input, or one whose signer is not given with --pubkey")
+      ->excludes(pub);
+  cmd->callback([options, run] { *run = [options] { return RunRedactCommand(*options); }; });
+}
+
+int RunRedactCommand(const RedactCliOptions& o) {
+  RedactOptions redact;
+  Status s = ParseRedactItems(o.drop, &redact);
+  if (!s.ok()) {
+    PrintError(s.WithContext("--drop"));
+    return kExitError;
+  }
+  // The key is loaded before the input is read: a key with loose permissions is refused before
+  // any work is done.
+  auto key = LoadPrivateKeyFile(o.key);
+  if (!key.ok()) {
+    PrintError(key.status().WithContext("--key"));
+    return kExitError;
+  }
+  int rc = kExitError;
+  std::optional<LoadedCapsule> loaded =
+      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  if (!loaded) return rc;
+  redact.source_sha256 = Sha256Hex(loaded->bytes);
+  s = RedactCapsule(loaded->decoded.capsule.get(), redact);
+  if (!s.ok()) {
+    PrintError(s);
+    return kExitError;
+  }
+  WriteOptions write;
+  write.signing_key = &*key;
+  // The source's optional flags still describe the content (weights, extract); redaction adds one.
+  write.optional_flags = loaded->decoded.envelope.header.optional_flags | kOptionalFlagRedacted;
+  s = WriteCapsuleFile(o.out, *loaded->decoded.capsule, write);
+  if (!s.ok()) {
+    PrintError(s.WithContext(o.out));
+    return kExitError;
+  }
+  auto pub = key->GetPublicKey();
+  std::cout << "wrote " << o.out << " (dropped";
+  for (const auto& item : loaded->decoded.capsule->redaction().dropped()) std::cout << " " << item;
+  std::cout << ")";
+  if (pub.ok()) std::cout << ", signed by key " << pub->KeyIdHex();
+  std::cout << "\n";
+  return kExitOk;
+}
+
+}  // namespace capsule::cli

@@ -1,0 +1,83 @@
+#include <iostream>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "proto/capsule.pb.h"
+#include "proto/capsule_reader.h"
+#include "proto/file_util.h"
+#include "proto/replay_report.pb.h"
+#include "proto/sha256.h"
+#include "report/report.h"
+
+namespace capsule::cli {
+
+void SetupReportCommand(CLI::App& app, RunFn* run) {
+  auto options = std::make_shared<ReportCliOptions>();
+  CLI::App* cmd =
+      app.add_subcommand("report", "Write an issue-ready report (Markdown, HTML or JSON)");
+  cmd->add_option("file", options->file, "Capsule file")->required();
+  cmd->add_option("--format", options->format, "md (default), html or json")
+      ->check(CLI::IsMember({"md", "html", "json"}));
+  cmd->add_option("--replay-json", options->replay_json,
+                  "Include a replay result (`capsule replay --json` output)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--redact", options->redact,
+                  "Leave out of the report: comma-separated text, tokens, paths, host");
+  auto* pub =
+      cmd->add_option("--pubkey", options->trust.pubkeys, "Trusted public key (PEM); repeatable")
+          ->check(CLI::ExistingFile);
+  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
+                "Report on an unsigned capsule, or one whose signer is not given with --pubkey "
+                "(the report says so at the top)")
+      ->excludes(pub);
+  cmd->add_option("-o,--out", options->out, "Output file (written atomically); default stdout");
+  cmd->callback([options, run] { *run = [options] { return RunReportCommand(*options); }; });
+}
+
+int RunReportCommand(const ReportCliOptions& o) {
+  ReportOptions report_options;
+  auto redact = ParseReportRedaction(o.redact);
+  if (!redact.ok()) {
+    PrintError(redact.status().WithContext("--redact"));
+    return kExitError;
+  }
+  report_options.redact = *redact;
+  int rc = kExitError;
+  std::optional<LoadedCapsule> loaded =
+      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  if (!loaded) return rc;
+  std::unique_ptr<v1::ReplayReport> replay;
+  if (!o.replay_json.empty()) {
+    auto text = ReadFileBytes(o.replay_json, uint64_t{64} << 20);
+    if (!text.ok()) {
+      PrintError(text.status());
+      return kExitError;
+    }
+    auto parsed = ParseReplayReportJson(*text);
+    if (!parsed.ok()) {
+      PrintError(parsed.status().WithContext(o.replay_json));
+      return kExitError;
+    }
+    replay = std::move(*parsed);
+  }
+  report_options.file_name = o.file;
+  report_options.file_sha256 = Sha256Hex(loaded->bytes);
+  const ReportModel model =
+      BuildReportModel(*loaded->decoded.capsule, loaded->decoded.envelope, replay.get(), report_options);
+  const std::string text = o.format == "html"   ? RenderHtml(model)
+                           : o.format == "json" ? RenderJson(model)
+                                                : RenderMarkdown(model);
+  if (o.out.empty()) {
+    std::cout << text;
+    return kExitOk;
+  }
+  const Status st = WriteFileAtomic(o.out, text);
+  if (!st.ok()) {
+    PrintError(st.WithContext(o.out));
+    return kExitError;
+  }
+  return kExitOk;
+}
+
+}  // namespace capsule::cli
