@@ -6,7 +6,10 @@
 // the other is not, or where the NaN/Inf patterns differ, is a non-finite mismatch and always a
 // divergence. The layer diverges when it has a non-finite mismatch or when more than
 // max_fail_fraction of its elements fail. atol/rtol come from, in order of precedence, the
-// per-layer override, the global override, and DefaultTolerance(candidate dtype). The result
+// per-layer override, the global override, and DefaultTolerance(candidate dtype). With
+// AtolScale::kReferenceMax, atol is a fraction of the reference's largest magnitude instead of an
+// absolute amount, which makes the rule independent of the tensor's scale: use it for gradients,
+// whose scale follows the loss normalization (comparator.cc has the measurements). The result
 // carries the error metrics alongside the verdict; printing them is a renderer's job.
 //
 //   capsule::CompareOptions options;
@@ -44,9 +47,21 @@ struct Tolerance {
 };
 
 // The tolerance a candidate of this dtype gets when no override applies (the table, with the
-// measurements behind it, is in comparator.cc; the README repeats it). Integer and bool candidates
-// must match exactly ({0, 0}).
+// measurements behind it, is in comparator.cc; the README repeats it). The same numbers serve both
+// AtolScale modes. Integer and bool candidates must match exactly ({0, 0}).
 Tolerance DefaultTolerance(at::ScalarType candidate_dtype);
+
+// What atol is measured in.
+enum class AtolScale {
+  // atol is in the tensor's own units: |c - r| <= atol + rtol * |r|. Right for activations of a
+  // known scale.
+  kAbsolute,
+  // atol is a fraction of M = max |r| over the finite reference elements:
+  // |c - r| <= atol * M + rtol * |r|. Scale-free, so one tolerance fits tensors of any magnitude
+  // (gradients, whose size is set by the loss normalization). An all-zero reference has M = 0: then
+  // only rtol * |r| = 0 is allowed, i.e. the candidate must be zero too.
+  kReferenceMax,
+};
 
 struct CompareOptions {
   // Global override of the dtype default; nullopt (default): use DefaultTolerance.
@@ -56,6 +71,9 @@ struct CompareOptions {
   // The layer diverges when failed / numel exceeds this. Default 0: any failing element is a
   // divergence. Must be in [0, 1]. Non-finite mismatches diverge whatever this is.
   double max_fail_fraction = 0;
+  // Default kAbsolute (the rule as the design states it); kReferenceMax is recommended for
+  // gradients.
+  AtolScale atol_scale = AtolScale::kAbsolute;
 };
 
 // The tolerance CompareTensors would use for `layer_name` and a candidate of `candidate_dtype`.
@@ -69,10 +87,12 @@ struct TensorComparison {
   double max_rel_err = 0;  // max |c - r| / |r| over r != 0; an error at r == 0 shows in max_abs_err
   double rms_err_rel = 0;  // rms(c - r) / rms(r); 0 when both are 0, +inf when only rms(r) is 0
   double cosine = 1;       // <c, r> / (|c| |r|); 1 when both are all zeros, 0 when only one is
+  double reference_absmax = 0;  // max |r| over the finite reference elements (0 when none)
   // Positions where isfinite(c) != isfinite(r), or both non-finite but not the same value (NaN vs
   // Inf, +Inf vs -Inf). Equal non-finite positions (both NaN, same-signed Inf) are not errors.
   int64_t nonfinite_mismatch = 0;
-  // Elements with |c - r| > atol + rtol * |r|, plus the non-finite mismatches.
+  // Elements with |c - r| > atol + rtol * |r| (atol scaled as atol_scale says), plus the non-finite
+  // mismatches.
   int64_t failed = 0;
   double fail_fraction = 0;  // failed / numel; 0 for an empty tensor
   // Only when CompareTensors is asked to treat the pair as logits: the fraction of rows (last
@@ -80,14 +100,16 @@ struct TensorComparison {
   // 1 when there are no rows.
   std::optional<double> top1_agreement;
   Tolerance tolerance_used;
+  AtolScale atol_scale = AtolScale::kAbsolute;
   bool diverged = false;
-  // Why it diverged, e.g. "3 of 4096 elements (0.073%) exceed atol+rtol*|ref| (atol 1e-05,
-  // rtol 0.0001); worst at index 17: 0.51 vs ref 0.5"; empty when it did not.
+  // Why it diverged, e.g. "3 of 4096 elements (0.073%) exceed atol+rtol*|ref| (atol 2e-05,
+  // rtol 1e-05); worst at index 17: 0.51 vs ref 0.5"; empty when it did not.
   std::string reason;
 };
 
-// Compares `candidate` with `reference` (any floating or integer dtypes, any strides, any device;
-// both are copied to CPU FP64 a chunk at a time, so memory stays bounded). `logits`: also compute
+// Compares `candidate` with `reference` (any floating or integer dtypes, any strides, any device).
+// Both are read as CPU FP64 a chunk at a time, so the FP64 copies stay small; a non-contiguous
+// tensor is first made contiguous in its own dtype. `logits`: also compute
 // top1_agreement over the last dimension. Errors: kInvalidArgument for undefined, complex or
 // non-strided tensors, different shapes, or options out of range (negative or NaN tolerances,
 // max_fail_fraction outside [0, 1]); kInternal when LibTorch fails.

@@ -16,9 +16,9 @@
 // its own static copy of the capsule libraries it uses, with their symbols kept local
 // (-fvisibility=hidden, -Wl,--exclude-libs,ALL), so that it can neither clash with the host's copy
 // nor bind to it. It must not contain the capsule format library's generated protobuf code
-// (proto/capsule.pb.cc), which would register capsule.proto in protobuf's global pool a second time;
-// a model plugin has no reason to reference it. The registry itself crosses the boundary only as a
-// reference to an object whose layout both sides compile from the same headers.
+// (proto/capsule.pb.cc), which would register capsule.proto in protobuf's global pool a second
+// time; a model plugin has no reason to reference it. The registry itself crosses the boundary only
+// as a reference to an object whose layout both sides compile from the same headers.
 //
 // Thread safety: LoadPlugin may be called from any thread; the plugin's entry point runs on the
 // calling thread, and registration is as thread-safe as ModelRegistry.
