@@ -13,59 +13,22 @@
 #include "proto/capsule.pb.h"
 #include "proto/replay_report.pb.h"
 #include "proto/sha256.h"
+#include "replay/internal/capsule_inputs.h"
 #include "proto/version.h"
 
 namespace capsule {
 namespace {
 
 using TensorListT = std::vector<at::Tensor>;
+using internal::CastTo;
+using internal::FindTensor;
+using internal::FromTorch;
 
-Status FromTorch(const c10::Error& e, const std::string& what) {
-  return InternalError(what + ": " + e.what_without_backtrace());
-}
-
-const v1::TensorBlob* FindTensor(const v1::Capsule& c, const std::string& name) {
-  for (const auto& t : c.tensors()) {
-    if (t.name() == name) return &t;
-  }
-  return nullptr;
-}
-
-// Batch tensors present in `c` (input_ids may be absent in an extract).
-StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c) {
-  LayerBatch b;
-  b.labels_shifted = c.data().labels_shifted();
-  // Layerwise comparisons run with training off (replayer.cc): dropout masks differ by path.
+// Layerwise comparisons run with training off (replayer.cc): dropout masks differ by path.
+StatusOr<LayerBatch> LoadEvalBatch(const v1::Capsule& c) {
+  CAPSULE_ASSIGN_OR_RETURN(LayerBatch b, internal::LoadBatchTensors(c));
   b.training = false;
-  const std::pair<const char*, at::Tensor*> tensors[] = {{"input_ids", &b.input_ids},
-                                                         {"labels", &b.labels},
-                                                         {"attention_mask", &b.attention_mask},
-                                                         {"loss_mask", &b.loss_mask}};
-  for (const auto& [name, dst] : tensors) {
-    if (const v1::TensorBlob* t = FindTensor(c, name)) {
-      CAPSULE_ASSIGN_OR_RETURN(*dst, TensorFromBlob(*t));
-    }
-  }
   return b;
-}
-
-// The same thread count and deterministic flag as the full replay (PinEnvironment in
-// replayer.cc): FP64 reductions depend on the thread count, and the stored reference input must be
-// bit for bit the one the full replay computes.
-Status PinThreads(const v1::Capsule& c, bool force, std::vector<std::string>* warnings) {
-  const std::string recorded = c.environment().torch_version();
-  if (!recorded.empty() && recorded != TorchVersion()) {
-    const std::string msg = "capsule was recorded with torch " + recorded + ", this is torch " +
-                            TorchVersion() + "; kernels may differ";
-    if (!force) return FailedPreconditionError(msg + " (--force to go on anyway)");
-    warnings->push_back(msg);
-  }
-  const int threads = c.numerics().intra_op_threads() > 0 ? c.numerics().intra_op_threads()
-                                                          : c.environment().intra_op_threads();
-  if (threads > 0) at::set_num_threads(threads);
-  at::globalContext().setDeterministicAlgorithms(c.environment().deterministic_algorithms(),
-                                                 /*warn_only=*/false);
-  return Status::Ok();
 }
 
 StatusOr<size_t> LayerIndex(LayerSequence& seq, const std::string& layer) {
@@ -101,18 +64,6 @@ StatusOr<TensorListT> LayerTensors(const v1::Capsule& c, v1::TensorRole role,
   for (auto& [k, t] : by_slot) {
     if (k != static_cast<int>(out.size())) out.resize(k);
     out.push_back(t);
-  }
-  return out;
-}
-
-TensorListT CastTo(const TensorListT& xs, at::ScalarType dtype) {
-  TensorListT out;
-  for (const at::Tensor& x : xs) {
-    if (!x.defined() || !x.is_floating_point()) {
-      out.push_back(x.defined() ? x.detach() : x);
-      continue;
-    }
-    out.push_back(x.detach().to(dtype).clone());
   }
   return out;
 }
@@ -162,7 +113,7 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
         v1::WeightPolicy_Name(full.model().weight_policy()) + "); record with weight policy ALL");
   }
   std::vector<std::string> warnings;
-  CAPSULE_RETURN_IF_ERROR(PinThreads(full, /*force=*/false, &warnings));
+  CAPSULE_RETURN_IF_ERROR(internal::PinEnvironment(full, /*force=*/false, &warnings));
   CAPSULE_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
       registry.Create({full.model().registry_name(), full.model().config_json()}));
@@ -176,7 +127,7 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
   if (!s.ok()) return s.WithContext("cannot load the capsule's weights");
   LayerSequence& ref = model->Path(PathKind::kReference);
   CAPSULE_ASSIGN_OR_RETURN(const size_t index, LayerIndex(ref, options.layer));
-  CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatchTensors(full));
+  CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadEvalBatch(full));
   if (!batch.input_ids.defined()) {
     bool redacted = false;
     for (const auto& seq : full.data().sequences()) redacted |= !seq.token_ids_sha256().empty();
@@ -281,7 +232,7 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
   v1::ReplayReport report;
   const std::string layer = c.annotations().at(kExtractLayerKey);
   std::vector<std::string> warnings;
-  CAPSULE_RETURN_IF_ERROR(PinThreads(c, options.force, &warnings));
+  CAPSULE_RETURN_IF_ERROR(internal::PinEnvironment(c, options.force, &warnings));
   for (const auto& w : warnings) report.add_warnings(w);
   report.set_intra_op_threads(at::get_num_threads());
   if (options.progress) options.progress("rebuilding " + c.model().registry_name());
@@ -310,7 +261,7 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
       return InvalidArgumentError("the extract lacks parameter " + p.first + " of layer " + layer);
     }
   }
-  CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatchTensors(c));
+  CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadEvalBatch(c));
   CAPSULE_ASSIGN_OR_RETURN(TensorListT inputs,
                            LayerTensors(c, v1::LAYER_INPUT, layer, layer + "/input."));
   if (inputs.empty()) return InvalidArgumentError("the extract holds no input of layer " + layer);

@@ -18,6 +18,7 @@
 #include "proto/capsule.pb.h"
 #include "proto/capsule_reader.h"
 #include "proto/replay_report.pb.h"
+#include "replay/internal/capsule_inputs.h"
 #include "replay/extract.h"
 
 namespace capsule {
@@ -38,40 +39,12 @@ Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype) {
 namespace {
 
 using TensorListT = std::vector<at::Tensor>;
-
-// A layer's tensors cast to a path's compute dtype: floating tensors change dtype, index tensors
-// (token ids) stay. Detached: each layerwise run starts from fixed inputs.
-TensorListT CastTo(const TensorListT& xs, at::ScalarType dtype, bool requires_grad = false) {
-  TensorListT out;
-  out.reserve(xs.size());
-  for (const at::Tensor& x : xs) {
-    if (!x.defined() || !x.is_floating_point()) {
-      out.push_back(x.defined() ? x.detach() : x);
-      continue;
-    }
-    at::Tensor y = x.detach().to(dtype).clone();
-    if (requires_grad) y.set_requires_grad(true);
-    out.push_back(y);
-  }
-  return out;
-}
-
-Status FromTorch(const c10::Error& e, const std::string& what) {
-  return InternalError(what + ": " + e.what_without_backtrace());
-}
-
-const v1::TensorBlob* FindTensor(const v1::Capsule& c, const std::string& name) {
-  for (const auto& t : c.tensors()) {
-    if (t.name() == name) return &t;
-  }
-  return nullptr;
-}
+using internal::CastTo;
+using internal::FromTorch;
 
 StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
-  LayerBatch b;
-  b.labels_shifted = c.data().labels_shifted();
-  const v1::TensorBlob* ids = FindTensor(c, "input_ids");
-  if (ids == nullptr) {
+  CAPSULE_ASSIGN_OR_RETURN(LayerBatch b, internal::LoadBatchTensors(c));
+  if (!b.input_ids.defined()) {
     bool redacted = false;
     for (const auto& s : c.data().sequences()) redacted |= !s.token_ids_sha256().empty();
     if (redacted) {
@@ -80,14 +53,6 @@ StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
           "be re-run; replay the unredacted capsule");
     }
     return InvalidArgumentError("capsule has no input_ids tensor; it cannot be replayed");
-  }
-  CAPSULE_ASSIGN_OR_RETURN(b.input_ids, TensorFromBlob(*ids));
-  const std::pair<const char*, at::Tensor*> optional_tensors[] = {
-      {"labels", &b.labels}, {"attention_mask", &b.attention_mask}, {"loss_mask", &b.loss_mask}};
-  for (const auto& [name, dst] : optional_tensors) {
-    if (const v1::TensorBlob* t = FindTensor(c, name)) {
-      CAPSULE_ASSIGN_OR_RETURN(*dst, TensorFromBlob(*t));
-    }
   }
   return b;
 }
@@ -138,24 +103,6 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
     }
     report.add_warnings(msg);
   }
-  return Status::Ok();
-}
-
-Status PinEnvironment(const v1::Capsule& c, const ReplayOptions& options,
-                      v1::ReplayReport& report) {
-  const std::string recorded = c.environment().torch_version();
-  if (!recorded.empty() && recorded != TorchVersion()) {
-    const std::string msg = "capsule was recorded with torch " + recorded + ", this is torch " +
-                            TorchVersion() + "; kernels and RNG streams may differ";
-    if (!options.force) return FailedPreconditionError(msg + " (--force to replay anyway)");
-    report.add_warnings(msg);
-  }
-  const int threads = c.numerics().intra_op_threads() > 0 ? c.numerics().intra_op_threads()
-                                                          : c.environment().intra_op_threads();
-  if (threads > 0) at::set_num_threads(threads);
-  report.set_intra_op_threads(at::get_num_threads());
-  at::globalContext().setDeterministicAlgorithms(c.environment().deterministic_algorithms(),
-                                                 /*warn_only=*/false);
   return Status::Ok();
 }
 
@@ -545,7 +492,10 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   if (c.model().registry_name().empty()) {
     return InvalidArgumentError("the capsule names no model (model.registry_name is empty)");
   }
-  CAPSULE_RETURN_IF_ERROR(PinEnvironment(c, options, report));
+  std::vector<std::string> warnings;
+  CAPSULE_RETURN_IF_ERROR(internal::PinEnvironment(c, options.force, &warnings));
+  for (const std::string& w : warnings) report.add_warnings(w);
+  report.set_intra_op_threads(at::get_num_threads());
   if (options.progress) options.progress("rebuilding " + c.model().registry_name());
   CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                            registry.Create({c.model().registry_name(), c.model().config_json()}));

@@ -1,0 +1,69 @@
+#include "replay/internal/capsule_inputs.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "capture/environment.h"
+#include "capture/tensor_codec.h"
+#include "proto/capsule.pb.h"
+
+namespace capsule::internal {
+
+Status FromTorch(const c10::Error& e, const std::string& what) {
+  return InternalError(what + ": " + e.what_without_backtrace());
+}
+
+const v1::TensorBlob* FindTensor(const v1::Capsule& c, const std::string& name) {
+  for (const auto& t : c.tensors()) {
+    if (t.name() == name) return &t;
+  }
+  return nullptr;
+}
+
+StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c) {
+  LayerBatch b;
+  b.labels_shifted = c.data().labels_shifted();
+  const std::pair<const char*, at::Tensor*> tensors[] = {{"input_ids", &b.input_ids},
+                                                         {"labels", &b.labels},
+                                                         {"attention_mask", &b.attention_mask},
+                                                         {"loss_mask", &b.loss_mask}};
+  for (const auto& [name, dst] : tensors) {
+    if (const v1::TensorBlob* t = FindTensor(c, name)) {
+      CAPSULE_ASSIGN_OR_RETURN(*dst, TensorFromBlob(*t));
+    }
+  }
+  return b;
+}
+
+Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>* warnings) {
+  const std::string recorded = c.environment().torch_version();
+  if (!recorded.empty() && recorded != TorchVersion()) {
+    const std::string msg = "capsule was recorded with torch " + recorded + ", this is torch " +
+                            TorchVersion() + "; kernels and RNG streams may differ";
+    if (!force) return FailedPreconditionError(msg + " (--force to go on anyway)");
+    warnings->push_back(msg);
+  }
+  const int threads = c.numerics().intra_op_threads() > 0 ? c.numerics().intra_op_threads()
+                                                          : c.environment().intra_op_threads();
+  if (threads > 0) at::set_num_threads(threads);
+  at::globalContext().setDeterministicAlgorithms(c.environment().deterministic_algorithms(),
+                                                 /*warn_only=*/false);
+  return Status::Ok();
+}
+
+TensorList CastTo(const TensorList& xs, at::ScalarType dtype, bool requires_grad) {
+  TensorList out;
+  out.reserve(xs.size());
+  for (const at::Tensor& x : xs) {
+    if (!x.defined() || !x.is_floating_point()) {
+      out.push_back(x.defined() ? x.detach() : x);
+      continue;
+    }
+    at::Tensor y = x.detach().to(dtype).clone();
+    if (requires_grad) y.set_requires_grad(true);
+    out.push_back(y);
+  }
+  return out;
+}
+
+}  // namespace capsule::internal

@@ -1,0 +1,41 @@
+// What the replayer and the extractor both read out of a capsule and both do to LibTorch's global
+// state before running a layer. Internal to capsule::replay.
+#ifndef CAPSULE_REPLAY_INTERNAL_CAPSULE_INPUTS_H_
+#define CAPSULE_REPLAY_INTERNAL_CAPSULE_INPUTS_H_
+
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <vector>
+
+#include "capture/layer_sequence.h"
+#include "proto/capsule_fwd.h"
+#include "proto/status.h"
+
+namespace capsule::v1 {
+class TensorBlob;
+}  // namespace capsule::v1
+
+namespace capsule::internal {
+
+// kInternal with what LibTorch said, prefixed by `what`.
+Status FromTorch(const c10::Error& e, const std::string& what);
+
+const v1::TensorBlob* FindTensor(const v1::Capsule& c, const std::string& name);
+
+// The batch tensors the capsule embeds (input_ids, labels, attention_mask, loss_mask); absent ones
+// stay undefined.
+StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c);
+
+// Refuses (kFailedPrecondition) a capsule recorded with another torch version unless `force`, in
+// which case the mismatch is appended to `warnings`; then sets the captured intra-op thread count
+// (reductions depend on it) and deterministic-algorithms flag.
+Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>* warnings);
+
+// A layer's tensors cast to a path's compute dtype: floating tensors change dtype, index tensors
+// (token ids) stay. Detached copies: each layerwise run starts from fixed inputs.
+TensorList CastTo(const TensorList& xs, at::ScalarType dtype, bool requires_grad = false);
+
+}  // namespace capsule::internal
+
+#endif  // CAPSULE_REPLAY_INTERNAL_CAPSULE_INPUTS_H_
