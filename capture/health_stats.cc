@@ -17,6 +17,7 @@
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #define CAPSULE_HEALTH_STATS_X86 1
 // The library is built for baseline x86-64; only these functions use AVX2 and they run only after
@@ -191,6 +192,15 @@ struct LoadF16 {
   }
 };
 
+// Software prefetch distance. The hardware prefetcher alone leaves a single thread at ~15 GB/s on
+// a DRAM-resident float32 tensor here (Zen 3); asking for the line 2 KiB ahead gave ~19 GB/s and
+// costs nothing when the data is in cache. Prefetches never fault, so running past the end is fine.
+constexpr int64_t kPrefetchBytes = 2048;
+
+CAPSULE_AVX2_INLINE void Prefetch(const void* p, int64_t ahead) {
+  _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
+}
+
 CAPSULE_AVX2_INLINE double HorizontalSum(__m256d a, __m256d b, __m256d c, __m256d d) {
   alignas(32) double lanes[4];
   _mm256_store_pd(lanes, _mm256_add_pd(_mm256_add_pd(a, b), _mm256_add_pd(c, d)));
@@ -216,6 +226,7 @@ CAPSULE_AVX2 RunSums VectorRunFloat(const typename L::T* p, int64_t n) {
   __m256i zeros = _mm256_setzero_si256();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    Prefetch(p + i, kPrefetchBytes);
     const __m256 a = L::Load8(p + i);
     const __m256 b = L::Load8(p + i + 8);
     mn = _mm256_min_ps(mn, _mm256_min_ps(a, b));
@@ -275,6 +286,8 @@ CAPSULE_AVX2 RunSums VectorRunDouble(const double* p, int64_t n) {
   __m256i zeros = _mm256_setzero_si256();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    Prefetch(p + i, kPrefetchBytes);
+    Prefetch(p + i, kPrefetchBytes + 64);
     const __m256d a = _mm256_loadu_pd(p + i);
     const __m256d b = _mm256_loadu_pd(p + i + 4);
     const __m256d c = _mm256_loadu_pd(p + i + 8);
@@ -336,8 +349,11 @@ constexpr bool kHasVectorRun = std::is_same_v<T, float> || std::is_same_v<T, dou
 bool CpuHasVectorKernel() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
+    // clang's __builtin_cpu_supports does not know "f16c": ask CPUID leaf 1 directly. AVX2 above
+    // already implies the OS saves the YMM state F16C needs.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
   }();
   return has;
 }
@@ -491,9 +507,9 @@ void ForEachRun(const T* data, const Geometry& g, int64_t begin, int64_t end, co
 
 // Reduces every chunk into its own Partial, in parallel; chunk c covers walk positions
 // [c * kChunkElements, (c + 1) * kChunkElements). With LibTorch's OpenMP backend,
-// at::parallel_for is a header template that forks only when this file is compiled with OpenMP
-// (capture/CMakeLists.txt links OpenMP for that reason); without it the loop runs on the calling
-// thread and the result is the same.
+// at::parallel_for is a header template that forks only in a translation unit compiled with
+// OpenMP (-fopenmp, which capture/CMakeLists.txt sets for this file); built without it, the loop
+// runs on the calling thread, with the same result.
 template <typename ChunkFn>
 std::vector<Partial> ForEachChunk(int64_t numel, const ChunkFn& chunk_fn) {
   const int64_t chunks = (numel + kChunkElements - 1) / kChunkElements;
