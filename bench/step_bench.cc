@@ -3,8 +3,8 @@
 //   BM_TinyGptStep/armed         the same with Monitor::BeginStep/EndStep around it
 //   BM_TinyGptStep/anomaly_mode  the same under torch::autograd::DetectAnomalyGuard
 // Budget (DESIGN.md §8): armed / unarmed <= 1.01. Read the ratio within one run:
-//   capsule_bench --benchmark_filter=TinyGptStep --benchmark_repetitions=5 \
-//       --benchmark_enable_random_interleaving=true
+//   capsule_bench --benchmark_filter=TinyGptStep --benchmark_repetitions=5
+//                 --benchmark_enable_random_interleaving=true
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/anomaly_mode.h>

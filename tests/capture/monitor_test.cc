@@ -632,7 +632,9 @@ TEST(CleanRun, BadDataSpikesTheLoss) {
   StepReport r;
   for (int64_t s = 0; s <= 30; ++s) {
     r = h.Step(m, s);
-    if (s < 30) ASSERT_FALSE(r.triggered) << s << ": " << r.summary << " status " << r.status;
+    if (s < 30) {
+      ASSERT_FALSE(r.triggered) << s << ": " << r.summary << " status " << r.status;
+    }
   }
   EXPECT_EQ(r.trigger, TriggerKind::kLossSpike);
   EXPECT_TRUE(r.rerun_reproduced);
