@@ -2,10 +2,10 @@
 // Monitor hooked in; an injected fault makes a step go wrong, the Monitor writes a capsule, and
 // training goes on.
 //
-//   capsule-tiny-gpt train --steps 40 --inject nan --inject-layer blocks.2 --inject-step 5 \
-//       --capsule-dir capsules --key demo.key
-//   capsule-tiny-gpt replay capsules/tiny-step5-rank0-non-finite-loss.capsule --pubkey demo.pub \
-//       --bisect
+//   capsule-tiny-gpt train --steps 40 --inject nan --inject-layer blocks.2 --inject-step 5
+//                    --capsule-dir capsules --key demo.key
+//   capsule-tiny-gpt replay capsules/tiny-step5-rank0-non-finite-loss.capsule --pubkey demo.pub
+//                    --bisect
 #include <ATen/Parallel.h>
 #include <torch/optim/adam.h>
 
