@@ -45,12 +45,9 @@ int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
     PrintError(key.status().WithContext("--key"));
     return kExitError;
   }
-  for (const std::string& p : o.plugins) {
-    Status s = LoadPlugin(p, registry);
-    if (!s.ok()) {
-      PrintError(s);
-      return kExitError;
-    }
+  if (Status s = LoadPlugins(o.plugins, registry); !s.ok()) {
+    PrintError(s);
+    return kExitError;
   }
   int rc = kExitError;
   std::optional<LoadedCapsule> loaded =

@@ -163,12 +163,9 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
     };
   }
 
-  for (const std::string& p : o.plugins) {
-    Status s = LoadPlugin(p, registry);
-    if (!s.ok()) {
-      PrintError(s);
-      return kExitError;
-    }
+  if (Status s = LoadPlugins(o.plugins, registry); !s.ok()) {
+    PrintError(s);
+    return kExitError;
   }
   // Replay cannot judge a capsule it cannot trust: every refusal is an error (exit 2) here.
   int rc = kExitError;

@@ -22,6 +22,7 @@ namespace {
 using TensorListT = std::vector<at::Tensor>;
 using internal::CastTo;
 using internal::FindTensor;
+using internal::FillComparison;
 using internal::FromTorch;
 
 // Layerwise comparisons run with training off (replayer.cc): dropout masks differ by path.
@@ -73,22 +74,6 @@ bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor x = a.contiguous();
   const at::Tensor y = b.contiguous();
   return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
-
-void FillComparison(const TensorComparison& t, v1::LayerComparison* out) {
-  out->set_max_abs_err(t.max_abs_err);
-  out->set_max_rel_err(t.max_rel_err);
-  out->set_rms_err_rel(t.rms_err_rel);
-  out->set_cosine(t.cosine);
-  out->set_nonfinite_mismatch(t.nonfinite_mismatch);
-  out->set_failed(t.failed);
-  out->set_numel(t.numel);
-  out->set_fail_fraction(t.fail_fraction);
-  out->set_atol(t.tolerance_used.atol);
-  out->set_rtol(t.tolerance_used.rtol);
-  if (t.top1_agreement) out->set_top1_agreement(*t.top1_agreement);
-  out->set_verdict(t.diverged ? v1::DIVERGED : v1::OK);
-  out->set_reason(t.reason);
 }
 
 }  // namespace

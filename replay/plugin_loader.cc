@@ -78,4 +78,9 @@ Status LoadPlugin(const std::string& path, ModelRegistry& registry) {
   return Status::Ok();
 }
 
+Status LoadPlugins(const std::vector<std::string>& paths, ModelRegistry& registry) {
+  for (const std::string& path : paths) CAPSULE_RETURN_IF_ERROR(LoadPlugin(path, registry));
+  return Status::Ok();
+}
+
 }  // namespace capsule

@@ -26,6 +26,7 @@
 #define CAPSULE_REPLAY_PLUGIN_LOADER_H_
 
 #include <string>
+#include <vector>
 
 #include "proto/status.h"
 #include "replay/model_registry.h"
@@ -48,6 +49,9 @@ inline constexpr char kPluginEntryPoint[] = "capsule_register_models";
 // does not export capsule_register_models"; kInternal when the entry point throws. Loading the same
 // plugin again is harmless: its models are already registered.
 Status LoadPlugin(const std::string& path, ModelRegistry& registry);
+
+// LoadPlugin for each path in order; stops at the first failure.
+Status LoadPlugins(const std::vector<std::string>& paths, ModelRegistry& registry);
 
 }  // namespace capsule
 

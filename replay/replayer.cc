@@ -40,6 +40,7 @@ namespace {
 
 using TensorListT = std::vector<at::Tensor>;
 using internal::CastTo;
+using internal::FillComparison;
 using internal::FromTorch;
 
 StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
@@ -112,22 +113,6 @@ Status RestoreRng(const v1::Capsule& c) {
     blobs.push_back({g.name(), g.kind(), g.device(), g.state(), g.seed()});
   }
   return RestoreTorchRngs(blobs);
-}
-
-void FillComparison(const TensorComparison& t, v1::LayerComparison* out) {
-  out->set_max_abs_err(t.max_abs_err);
-  out->set_max_rel_err(t.max_rel_err);
-  out->set_rms_err_rel(t.rms_err_rel);
-  out->set_cosine(t.cosine);
-  out->set_nonfinite_mismatch(t.nonfinite_mismatch);
-  out->set_failed(t.failed);
-  out->set_numel(t.numel);
-  out->set_fail_fraction(t.fail_fraction);
-  out->set_atol(t.tolerance_used.atol);
-  out->set_rtol(t.tolerance_used.rtol);
-  if (t.top1_agreement) out->set_top1_agreement(*t.top1_agreement);
-  out->set_verdict(t.diverged ? v1::DIVERGED : v1::OK);
-  out->set_reason(t.reason);
 }
 
 // Which comparison is the worse: a divergence beats none, then the larger relative error.

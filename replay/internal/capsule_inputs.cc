@@ -6,6 +6,8 @@
 #include "capture/environment.h"
 #include "capture/tensor_codec.h"
 #include "proto/capsule.pb.h"
+#include "proto/replay_report.pb.h"
+#include "replay/comparator.h"
 
 namespace capsule::internal {
 
@@ -64,6 +66,22 @@ TensorList CastTo(const TensorList& xs, at::ScalarType dtype, bool requires_grad
     out.push_back(y);
   }
   return out;
+}
+
+void FillComparison(const TensorComparison& t, v1::LayerComparison* out) {
+  out->set_max_abs_err(t.max_abs_err);
+  out->set_max_rel_err(t.max_rel_err);
+  out->set_rms_err_rel(t.rms_err_rel);
+  out->set_cosine(t.cosine);
+  out->set_nonfinite_mismatch(t.nonfinite_mismatch);
+  out->set_failed(t.failed);
+  out->set_numel(t.numel);
+  out->set_fail_fraction(t.fail_fraction);
+  out->set_atol(t.tolerance_used.atol);
+  out->set_rtol(t.tolerance_used.rtol);
+  if (t.top1_agreement) out->set_top1_agreement(*t.top1_agreement);
+  out->set_verdict(t.diverged ? v1::DIVERGED : v1::OK);
+  out->set_reason(t.reason);
 }
 
 }  // namespace capsule::internal

@@ -14,7 +14,12 @@
 
 namespace capsule::v1 {
 class TensorBlob;
+class LayerComparison;
 }  // namespace capsule::v1
+
+namespace capsule {
+struct TensorComparison;
+}  // namespace capsule
 
 namespace capsule::internal {
 
@@ -35,6 +40,9 @@ Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>
 // A layer's tensors cast to a path's compute dtype: floating tensors change dtype, index tensors
 // (token ids) stay. Detached copies: each layerwise run starts from fixed inputs.
 TensorList CastTo(const TensorList& xs, at::ScalarType dtype, bool requires_grad = false);
+
+// Copies a comparison's metrics and verdict into the replay result.
+void FillComparison(const TensorComparison& t, v1::LayerComparison* out);
 
 }  // namespace capsule::internal
 
