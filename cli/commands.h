@@ -31,6 +31,10 @@ struct TrustOptions {
   bool allow_unsigned = false;
 };
 
+// Declares --pubkey (repeatable, must exist) and --allow-unsigned (which excludes --pubkey), the
+// trust options of every subcommand that reads a capsule except verify.
+void AddTrustOptions(CLI::App* cmd, TrustOptions* trust);
+
 struct InspectOptions {
   std::string file;
   TrustOptions trust;

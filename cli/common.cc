@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "cli/cli.h"
+#include "cli/commands.h"
 #include "proto/file_util.h"
 #include "proto/signing.h"
 
@@ -33,6 +34,16 @@ StatusOr<ReadOptions> MakeReadOptions(const std::vector<std::string>& pubkeys,
     options.trusted_keys.push_back(std::move(key));
   }
   return options;
+}
+
+void AddTrustOptions(CLI::App* cmd, TrustOptions* trust) {
+  CLI::Option* pub = cmd->add_option("--pubkey", trust->pubkeys,
+                                     "Trusted public key (PEM); repeatable")
+                         ->check(CLI::ExistingFile);
+  cmd->add_flag("--allow-unsigned", trust->allow_unsigned,
+                "Accept an unsigned capsule, or one whose signer is not given with --pubkey "
+                "(reported as such)")
+      ->excludes(pub);
 }
 
 std::optional<LoadedCapsule> LoadCapsule(const std::string& file,

@@ -15,12 +15,7 @@ void SetupDiffCommand(CLI::App& app, RunFn* run) {
       "diff", "Compare two capsules: identity, environment, config, trigger, layer stats");
   cmd->add_option("a", options->a, "First capsule file")->required();
   cmd->add_option("b", options->b, "Second capsule file")->required();
-  auto* pub =
-      cmd->add_option("--pubkey", options->trust.pubkeys, "Trusted public key (PEM); repeatable")
-          ->check(CLI::ExistingFile);
-  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
-                "Read unsigned capsules, or ones whose signer is not given with --pubkey")
-      ->excludes(pub);
+  AddTrustOptions(cmd, &options->trust);
   cmd->add_flag("--json", options->json, "Print the differences as JSON");
   cmd->callback([options, run] { *run = [options] { return RunDiffCommand(*options); }; });
 }

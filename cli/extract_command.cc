@@ -28,12 +28,7 @@ void SetupExtractCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("--plugin", options->plugins,
                   "Shared library registering the capsule's model; repeatable")
       ->check(CLI::ExistingFile);
-  auto* pub = cmd->add_option("--pubkey", options->trust.pubkeys,
-                              "Trusted public key (PEM) for the input; repeatable")
-                  ->check(CLI::ExistingFile);
-  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
-                "Read an unsigned input, or one whose signer is not given with --pubkey")
-      ->excludes(pub);
+  AddTrustOptions(cmd, &options->trust);
   cmd->callback([options, run, registry] {
     *run = [options, registry] { return RunExtractCommand(*options, *registry); };
   });

@@ -128,12 +128,7 @@ void SetupInspectCommand(CLI::App& app, RunFn* run) {
   auto options = std::make_shared<InspectOptions>();
   CLI::App* cmd = app.add_subcommand("inspect", "Show what a capsule holds");
   cmd->add_option("file", options->file, "Capsule file")->required();
-  auto* pub = cmd->add_option("--pubkey", options->trust.pubkeys,
-                              "Trusted public key (PEM); repeatable")
-                  ->check(CLI::ExistingFile);
-  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
-                "Read an unsigned capsule, or one whose signer is not given with --pubkey")
-      ->excludes(pub);
+  AddTrustOptions(cmd, &options->trust);
   cmd->add_flag("--json", options->json,
                 "Print the capsule as JSON (protobuf's JSON mapping) plus an \"envelope\" object");
   cmd->add_flag("--full", options->full, "With --json, include tensor bytes (base64)");

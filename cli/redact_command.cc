@@ -26,12 +26,7 @@ void SetupRedactCommand(CLI::App& app, RunFn* run) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
-  auto* pub = cmd->add_option("--pubkey", options->trust.pubkeys,
-                              "Trusted public key (PEM) for the input; repeatable")
-                  ->check(CLI::ExistingFile);
-  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
-                "Read an unsigned input, or one whose signer is not given with --pubkey")
-      ->excludes(pub);
+  AddTrustOptions(cmd, &options->trust);
   cmd->callback([options, run] { *run = [options] { return RunRedactCommand(*options); }; });
 }
 

@@ -105,12 +105,7 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("--plugin", options->plugins,
                   "Shared library registering the capsule's model; repeatable")
       ->check(CLI::ExistingFile);
-  auto* pub = cmd->add_option("--pubkey", options->trust.pubkeys,
-                              "Trusted public key (PEM); repeatable")
-                  ->check(CLI::ExistingFile);
-  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
-                "Replay an unsigned capsule, or one whose signer is not given with --pubkey")
-      ->excludes(pub);
+  AddTrustOptions(cmd, &options->trust);
   cmd->add_option("--weights", options->weights,
                   "Capsule holding all weights, when this one does not embed them")
       ->check(CLI::ExistingFile);

@@ -24,13 +24,7 @@ void SetupReportCommand(CLI::App& app, RunFn* run) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--redact", options->redact,
                   "Leave out of the report: comma-separated text, tokens, paths, host");
-  auto* pub =
-      cmd->add_option("--pubkey", options->trust.pubkeys, "Trusted public key (PEM); repeatable")
-          ->check(CLI::ExistingFile);
-  cmd->add_flag("--allow-unsigned", options->trust.allow_unsigned,
-                "Report on an unsigned capsule, or one whose signer is not given with --pubkey "
-                "(the report says so at the top)")
-      ->excludes(pub);
+  AddTrustOptions(cmd, &options->trust);
   cmd->add_option("-o,--out", options->out, "Output file (written atomically); default stdout");
   cmd->callback([options, run] { *run = [options] { return RunReportCommand(*options); }; });
 }
