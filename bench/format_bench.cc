@@ -7,9 +7,9 @@
 
 #include <random>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/capsule_writer.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
 #include "samples/golden/golden_capsules.h"
 
 namespace capsule {

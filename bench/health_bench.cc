@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <map>
 
-#include "capture/health_stats.h"
+#include "capsule/probe/health_stats.h"
 
 namespace {
 

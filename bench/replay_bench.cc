@@ -9,12 +9,12 @@
 #include <filesystem>
 #include <map>
 
-#include "capture/monitor.h"
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/replay_report.pb.h"
-#include "replay/model_registry.h"
-#include "replay/replayer.h"
+#include "capsule/capture/monitor.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/proto/replay_report.pb.h"
+#include "capsule/replay/model_registry.h"
+#include "capsule/replay/replayer.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/tiny_gpt.h"

@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "capture/monitor.h"
+#include "capsule/capture/monitor.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
 

@@ -1,4 +1,4 @@
-#include "bisect/search.h"
+#include "capsule/bisect/search.h"
 
 #include <exception>
 

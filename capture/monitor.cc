@@ -1,4 +1,4 @@
-#include "capture/monitor.h"
+#include "capsule/capture/monitor.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -11,15 +11,15 @@
 #include <cstdio>
 #include <iostream>
 
-#include "capture/environment.h"
-#include "capture/hashing.h"
-#include "capture/layer_probe.h"
-#include "capture/tensor_codec.h"
-#include "proto/capsule.pb.h"
-#include "proto/capsule_writer.h"
-#include "proto/envelope_format.h"
-#include "proto/sha256.h"
-#include "proto/version.h"
+#include "capsule/probe/environment.h"
+#include "capsule/probe/hashing.h"
+#include "capsule/probe/layer_probe.h"
+#include "capsule/probe/tensor_codec.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/envelope_format.h"
+#include "capsule/base/sha256.h"
+#include "capsule/format/version.h"
 
 namespace capsule {
 

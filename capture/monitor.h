@@ -35,11 +35,11 @@
 #include <string>
 #include <vector>
 
-#include "capture/layer_sequence.h"
-#include "capture/model.h"
-#include "capture/rng_state.h"
-#include "proto/signing.h"
-#include "proto/status.h"
+#include "capsule/model/layer_sequence.h"
+#include "capsule/model/model.h"
+#include "capsule/probe/rng_state.h"
+#include "capsule/format/signing.h"
+#include "capsule/base/status.h"
 
 namespace capsule {
 

@@ -1,10 +1,11 @@
-#include "cli/cli.h"
+#include "capsule/cli/cli.h"
 
 #include <iostream>
 
-#include "cli/commands.h"
+#include "capsule/cli/commands.h"
+#include "capsule/format/version.h"
 #ifdef CAPSULE_WITH_TORCH
-#include "replay/model_registry.h"
+#include "capsule/replay/model_registry.h"
 #endif
 
 namespace capsule::cli {
@@ -13,7 +14,7 @@ namespace {
 // `registry` is null in a build without LibTorch (no replay subcommand).
 int MainImpl(int argc, char** argv, ModelRegistry* registry) {
   CLI::App app{"capsule: failure capsules for ML training — record, verify, inspect, replay"};
-  app.set_version_flag("--version", std::string("capsule ") + CAPSULE_VERSION);
+  app.set_version_flag("--version", std::string("capsule ") + CapsuleVersion());
   app.require_subcommand(1);
   RunFn run;
   SetupKeygenCommand(app, &run);

@@ -1,13 +1,13 @@
-#include "cli/common.h"
+#include "capsule/cli/common.h"
 
 #include <cstdio>
 #include <ctime>
 #include <iostream>
 
-#include "cli/cli.h"
-#include "cli/commands.h"
-#include "proto/file_util.h"
-#include "proto/signing.h"
+#include "capsule/cli/cli.h"
+#include "capsule/cli/commands.h"
+#include "capsule/base/file_util.h"
+#include "capsule/format/signing.h"
 
 namespace capsule::cli {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "proto/capsule_reader.h"
-#include "proto/status.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/base/status.h"
 
 namespace capsule::cli {
 

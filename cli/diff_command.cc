@@ -1,11 +1,11 @@
 #include <iostream>
 
-#include "cli/cli.h"
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "report/diff.h"
+#include "capsule/cli/cli.h"
+#include "capsule/cli/commands.h"
+#include "capsule/cli/common.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/report/diff.h"
 
 namespace capsule::cli {
 

@@ -1,17 +1,17 @@
 #include <iostream>
 
-#include "cli/cli.h"
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/capsule_writer.h"
-#include "proto/envelope_format.h"
-#include "proto/file_util.h"
-#include "proto/sha256.h"
-#include "proto/signing.h"
-#include "replay/extract.h"
-#include "replay/plugin_loader.h"
+#include "capsule/cli/cli.h"
+#include "capsule/cli/commands.h"
+#include "capsule/cli/common.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/envelope_format.h"
+#include "capsule/base/file_util.h"
+#include "capsule/base/sha256.h"
+#include "capsule/format/signing.h"
+#include "capsule/replay/extract.h"
+#include "capsule/replay/plugin_loader.h"
 
 namespace capsule::cli {
 

@@ -1,9 +1,9 @@
 #include <iostream>
 
-#include "cli/cli.h"
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "proto/signing.h"
+#include "capsule/cli/cli.h"
+#include "capsule/cli/commands.h"
+#include "capsule/cli/common.h"
+#include "capsule/format/signing.h"
 
 namespace capsule::cli {
 

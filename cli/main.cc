@@ -1,3 +1,3 @@
-#include "cli/cli.h"
+#include "capsule/cli/cli.h"
 
 int main(int argc, char** argv) { return capsule::cli::Main(argc, argv); }

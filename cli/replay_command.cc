@@ -6,16 +6,16 @@
 #include <iostream>
 #include <sstream>
 
-#include "cli/cli.h"
-#include "cli/commands.h"
-#include "cli/common.h"
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/file_util.h"
-#include "proto/replay_report.pb.h"
-#include "proto/sha256.h"
-#include "replay/plugin_loader.h"
-#include "replay/replayer.h"
+#include "capsule/cli/cli.h"
+#include "capsule/cli/commands.h"
+#include "capsule/cli/common.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/base/file_util.h"
+#include "capsule/proto/replay_report.pb.h"
+#include "capsule/base/sha256.h"
+#include "capsule/replay/plugin_loader.h"
+#include "capsule/replay/replayer.h"
 
 namespace capsule::cli {
 namespace {

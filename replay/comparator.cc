@@ -1,4 +1,4 @@
-#include "replay/comparator.h"
+#include "capsule/replay/comparator.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -31,7 +31,7 @@
 #include <optional>
 #include <string>
 
-#include "proto/status.h"
+#include "capsule/base/status.h"
 
 namespace capsule {
 

@@ -1,4 +1,4 @@
-#include "replay/extract.h"
+#include "capsule/replay/extract.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -8,13 +8,13 @@
 #include <map>
 #include <set>
 
-#include "capture/environment.h"
-#include "capture/tensor_codec.h"
-#include "proto/capsule.pb.h"
-#include "proto/replay_report.pb.h"
-#include "proto/sha256.h"
-#include "replay/internal/capsule_inputs.h"
-#include "proto/version.h"
+#include "capsule/probe/environment.h"
+#include "capsule/probe/tensor_codec.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/replay_report.pb.h"
+#include "capsule/base/sha256.h"
+#include "capsule/replay/internal/capsule_inputs.h"
+#include "capsule/format/version.h"
 
 namespace capsule {
 namespace {

@@ -21,10 +21,10 @@
 
 #include <string>
 
-#include "proto/capsule_fwd.h"
-#include "proto/status.h"
-#include "replay/model_registry.h"
-#include "replay/replayer.h"
+#include "capsule/format/capsule_fwd.h"
+#include "capsule/base/status.h"
+#include "capsule/replay/model_registry.h"
+#include "capsule/replay/replayer.h"
 
 namespace capsule {
 

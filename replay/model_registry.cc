@@ -1,4 +1,4 @@
-#include "replay/model_registry.h"
+#include "capsule/replay/model_registry.h"
 
 #include <c10/util/Exception.h>
 

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "capture/model.h"
-#include "proto/status.h"
+#include "capsule/model/model.h"
+#include "capsule/base/status.h"
 
 namespace capsule {
 

@@ -1,4 +1,4 @@
-#include "replay/plugin_loader.h"
+#include "capsule/replay/plugin_loader.h"
 
 #include <c10/util/Exception.h>
 #include <dlfcn.h>

@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "proto/status.h"
-#include "replay/model_registry.h"
+#include "capsule/base/status.h"
+#include "capsule/replay/model_registry.h"
 
 // Marks the entry point as exported from a plugin built with -fvisibility=hidden.
 #define CAPSULE_PLUGIN_EXPORT __attribute__((visibility("default")))

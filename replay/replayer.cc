@@ -1,4 +1,4 @@
-#include "replay/replayer.h"
+#include "capsule/replay/replayer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -9,17 +9,17 @@
 #include <cstring>
 #include <map>
 
-#include "bisect/search.h"
-#include "capture/environment.h"
-#include "capture/hashing.h"
-#include "capture/layer_probe.h"
-#include "capture/rng_state.h"
-#include "capture/tensor_codec.h"
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/replay_report.pb.h"
-#include "replay/internal/capsule_inputs.h"
-#include "replay/extract.h"
+#include "capsule/bisect/search.h"
+#include "capsule/probe/environment.h"
+#include "capsule/probe/hashing.h"
+#include "capsule/probe/layer_probe.h"
+#include "capsule/probe/rng_state.h"
+#include "capsule/probe/tensor_codec.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/proto/replay_report.pb.h"
+#include "capsule/replay/internal/capsule_inputs.h"
+#include "capsule/replay/extract.h"
 
 namespace capsule {
 
@@ -124,7 +124,7 @@ bool Worse(const TensorComparison& a, const TensorComparison& b) {
   return a.max_rel_err > b.max_rel_err;
 }
 
-bool IsLogits(const at::Tensor& t, const Model& model, size_t i, size_t n) {
+bool IsLogits(const at::Tensor& t, size_t i, size_t n) {
   // The last non-scalar output before the loss layer is treated as logits (top-1 agreement).
   return i + 2 == n && t.dim() >= 2;
 }
@@ -172,7 +172,7 @@ Status CompareForward(Model& model, const ReferenceRun& ref_run, const LayerBatc
     CAPSULE_ASSIGN_OR_RETURN(
         TensorComparison cmp,
         CompareTensors(out.at(0), reference, opt.name(i), options.compare,
-                       IsLogits(reference, model, i, n)));
+                       IsLogits(reference, i, n)));
     v1::LayerComparison& lc = *report.add_layers();
     lc.set_index(static_cast<int>(i));
     lc.set_name(opt.name(i));
@@ -402,7 +402,7 @@ std::string Fmt(double v) {
   return buf;
 }
 
-void Diagnose(const v1::Capsule& c, v1::ReplayReport& report) {
+void Diagnose(v1::ReplayReport& report) {
   const v1::LayerComparison* first = nullptr;
   for (const auto& l : report.layers()) {
     if (l.verdict() == v1::DIVERGED && l.phase() == v1::FORWARD) {
@@ -533,7 +533,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   }
 
   // 5. Diagnosis.
-  Diagnose(c, report);
+  Diagnose(report);
   return report;
 }
 

@@ -32,10 +32,10 @@
 #include <optional>
 #include <string>
 
-#include "proto/capsule_fwd.h"
-#include "proto/status.h"
-#include "replay/comparator.h"
-#include "replay/model_registry.h"
+#include "capsule/format/capsule_fwd.h"
+#include "capsule/base/status.h"
+#include "capsule/replay/comparator.h"
+#include "capsule/replay/model_registry.h"
 
 namespace capsule::v1 {
 class ReplayReport;

@@ -1,4 +1,4 @@
-#include "report/diff.h"
+#include "capsule/report/diff.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,9 @@
 #include <set>
 #include <sstream>
 
-#include "proto/capsule.pb.h"
-#include "proto/sha256.h"
-#include "report/internal/text.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/base/sha256.h"
+#include "capsule/report/internal/text.h"
 
 namespace capsule {
 namespace {

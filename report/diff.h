@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/capsule_fwd.h"
+#include "capsule/format/capsule_fwd.h"
 
 namespace capsule {
 

@@ -1,4 +1,4 @@
-#include "report/report.h"
+#include "capsule/report/report.h"
 
 #include <google/protobuf/util/json_util.h>
 
@@ -9,10 +9,10 @@
 #include <map>
 #include <sstream>
 
-#include "proto/capsule.pb.h"
-#include "proto/replay_report.pb.h"
-#include "proto/sha256.h"
-#include "report/internal/text.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/replay_report.pb.h"
+#include "capsule/base/sha256.h"
+#include "capsule/report/internal/text.h"
 
 namespace capsule {
 namespace {

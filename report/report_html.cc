@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "report/internal/text.h"
-#include "report/report.h"
+#include "capsule/report/internal/text.h"
+#include "capsule/report/report.h"
 
 namespace capsule {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <sstream>
 
-#include "report/internal/text.h"
-#include "report/report.h"
+#include "capsule/report/internal/text.h"
+#include "capsule/report/report.h"
 
 namespace capsule {
 namespace {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
-#include "report/internal/text.h"
-#include "report/report.h"
+#include "capsule/report/internal/text.h"
+#include "capsule/report/report.h"
 
 namespace capsule {
 namespace {

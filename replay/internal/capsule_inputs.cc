@@ -1,13 +1,13 @@
-#include "replay/internal/capsule_inputs.h"
+#include "capsule/replay/internal/capsule_inputs.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "capture/environment.h"
-#include "capture/tensor_codec.h"
-#include "proto/capsule.pb.h"
-#include "proto/replay_report.pb.h"
-#include "replay/comparator.h"
+#include "capsule/probe/environment.h"
+#include "capsule/probe/tensor_codec.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/replay_report.pb.h"
+#include "capsule/replay/comparator.h"
 
 namespace capsule::internal {
 

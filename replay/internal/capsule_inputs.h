@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "capture/layer_sequence.h"
-#include "proto/capsule_fwd.h"
-#include "proto/status.h"
+#include "capsule/model/layer_sequence.h"
+#include "capsule/format/capsule_fwd.h"
+#include "capsule/base/status.h"
 
 namespace capsule::v1 {
 class TensorBlob;

@@ -1,4 +1,4 @@
-#include "report/internal/text.h"
+#include "capsule/report/internal/text.h"
 
 #include <cctype>
 #include <charconv>

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "proto/capsule_writer.h"
-#include "proto/envelope.h"
-#include "proto/file_util.h"
-#include "proto/sha256.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/envelope.h"
+#include "capsule/base/file_util.h"
+#include "capsule/base/sha256.h"
 
 namespace capsule::golden {
 namespace {

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "proto/capsule.pb.h"
-#include "proto/signing.h"
-#include "proto/status.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/signing.h"
+#include "capsule/base/status.h"
 
 namespace capsule::golden {
 

@@ -7,7 +7,7 @@
 
 #include <iostream>
 
-#include "proto/file_util.h"
+#include "capsule/base/file_util.h"
 #include "samples/golden/golden_capsules.h"
 
 int main(int argc, char** argv) {

@@ -26,8 +26,8 @@
 #include <string>
 #include <string_view>
 
-#include "capture/layer_sequence.h"
-#include "proto/status.h"
+#include "capsule/model/layer_sequence.h"
+#include "capsule/base/status.h"
 
 namespace capsule::tiny_gpt {
 

@@ -406,13 +406,13 @@ class FusedGeluFunction : public torch::autograd::Function<FusedGeluFunction> {
 
 class WriteNanFunction : public torch::autograd::Function<WriteNanFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+  static at::Tensor forward(AutogradContext* /*ctx*/, const at::Tensor& x) {
     at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
     PoisonFirst(y);
     return y;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) { return {grads[0]}; }
+  static variable_list backward(AutogradContext* /*ctx*/, variable_list grads) { return {grads[0]}; }
 };
 
 void CheckFloating(const at::Tensor& t, const char* op) {

@@ -14,7 +14,7 @@
 #ifndef CAPSULE_SAMPLES_TINY_GPT_REGISTRATION_H_
 #define CAPSULE_SAMPLES_TINY_GPT_REGISTRATION_H_
 
-#include "replay/model_registry.h"
+#include "capsule/replay/model_registry.h"
 
 namespace capsule::tiny_gpt {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "proto/status.h"
+#include "capsule/base/status.h"
 #include "samples/tiny_gpt/faults.h"
 
 namespace capsule::tiny_gpt {

@@ -14,9 +14,9 @@
 #include <cstdio>
 #include <iostream>
 
-#include "capture/monitor.h"
-#include "cli/cli.h"
-#include "replay/model_registry.h"
+#include "capsule/capture/monitor.h"
+#include "capsule/cli/cli.h"
+#include "capsule/replay/model_registry.h"
 #include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/tiny_gpt.h"

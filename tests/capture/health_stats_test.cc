@@ -1,4 +1,4 @@
-#include "capture/health_stats.h"
+#include "capsule/probe/health_stats.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -1,6 +1,6 @@
 // Monitor: triggers, rate limits, snapshot/restore, non-disturbance, failure fencing and capsule
 // content, on the tiny_gpt sample model and on small hand-made sequences.
-#include "capture/monitor.h"
+#include "capsule/capture/monitor.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,12 +16,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "capture/hashing.h"
-#include "capture/rng_state.h"
-#include "capture/tensor_codec.h"
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/signing.h"
+#include "capsule/probe/hashing.h"
+#include "capsule/probe/rng_state.h"
+#include "capsule/probe/tensor_codec.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/signing.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
 

@@ -1,7 +1,7 @@
 // One test per reading rule of OpenEnvelope (proto/envelope.cc) and DecodeCapsule
 // (proto/capsule_reader.cc), in the order the reader applies them, then tests that the order
 // itself holds (cheapest check first; verify before parse).
-#include "proto/capsule_reader.h"
+#include "capsule/format/capsule_reader.h"
 
 #include <gtest/gtest.h>
 #include <zstd.h>
@@ -9,14 +9,18 @@
 #include <cstring>
 #include <limits>
 
-#include "proto/capsule.pb.h"
-#include "proto/envelope.h"
-#include "proto/envelope_format.h"
-#include "proto/internal/zstd_codec.h"
-#include "proto/sha256.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/envelope.h"
+#include "capsule/format/envelope_format.h"
+#include "capsule/format/internal/zstd_codec.h"
+#include "capsule/base/sha256.h"
+#include "capsule/format/internal/little_endian.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule::test {
+using ::capsule::internal::LoadLe64;
+using ::capsule::internal::StoreLe16;
+using ::capsule::internal::StoreLe32;
 namespace {
 
 // A single frame of `data` as the writer makes it (content size + checksum).

@@ -7,15 +7,22 @@
 #include <functional>
 #include <utility>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/capsule_writer.h"
-#include "proto/envelope.h"
-#include "proto/envelope_format.h"
-#include "proto/sha256.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/envelope.h"
+#include "capsule/format/envelope_format.h"
+#include "capsule/base/sha256.h"
+#include "capsule/format/internal/little_endian.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule::test {
+using ::capsule::internal::LoadLe16;
+using ::capsule::internal::LoadLe32;
+using ::capsule::internal::LoadLe64;
+using ::capsule::internal::StoreLe16;
+using ::capsule::internal::StoreLe32;
+using ::capsule::internal::StoreLe64;
 namespace {
 
 using google::protobuf::util::MessageDifferencer;

@@ -8,11 +8,18 @@
 #include <functional>
 #include <set>
 
-#include "proto/envelope.h"
-#include "proto/envelope_format.h"
-#include "proto/sha256.h"
+#include "capsule/format/envelope.h"
+#include "capsule/format/envelope_format.h"
+#include "capsule/base/sha256.h"
+#include "capsule/format/internal/little_endian.h"
 
 namespace capsule::test {
+using ::capsule::internal::LoadLe16;
+using ::capsule::internal::LoadLe32;
+using ::capsule::internal::LoadLe64;
+using ::capsule::internal::StoreLe16;
+using ::capsule::internal::StoreLe32;
+using ::capsule::internal::StoreLe64;
 namespace {
 
 // Little-endian bytes of float values (the host of these tests is little-endian, as the format).

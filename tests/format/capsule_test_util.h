@@ -24,11 +24,11 @@
 #include <string_view>
 #include <vector>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/capsule_writer.h"
-#include "proto/signing.h"
-#include "proto/status.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/signing.h"
+#include "capsule/base/status.h"
 
 namespace capsule::test {
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <optional>
 
-#include "proto/capsule_reader.h"
+#include "capsule/format/capsule_reader.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule::test {

@@ -1,6 +1,6 @@
 // Whole-file reads and crash-safe writes (proto/file_util.h), WriteCapsuleFile / ReadCapsuleFile,
 // and capsule file names.
-#include "proto/file_util.h"
+#include "capsule/base/file_util.h"
 
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/capsule_writer.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
 #include "tests/format/capsule_test_util.h"
 #include "tests/format/temp_dir.h"
 

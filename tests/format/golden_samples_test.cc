@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/file_util.h"
-#include "proto/signing.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/base/file_util.h"
+#include "capsule/format/signing.h"
 
 namespace capsule {
 namespace {

@@ -1,6 +1,6 @@
 // RedactCapsule: what each item removes, checked on the decompressed payload of the re-signed
 // capsule (the bytes a recipient gets), not on the message in memory.
-#include "proto/redact.h"
+#include "capsule/format/redact.h"
 
 #include <gtest/gtest.h>
 #include <zstd.h>
@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/capsule_writer.h"
-#include "proto/envelope_format.h"
-#include "proto/sha256.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/envelope_format.h"
+#include "capsule/base/sha256.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule {

@@ -1,5 +1,5 @@
 // Ed25519 keys (proto/signing.h) and SHA-256 helpers (proto/sha256.h).
-#include "proto/signing.h"
+#include "capsule/format/signing.h"
 
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
@@ -12,7 +12,7 @@
 #include <memory>
 #include <sstream>
 
-#include "proto/sha256.h"
+#include "capsule/base/sha256.h"
 #include "tests/format/capsule_test_util.h"
 #include "tests/format/temp_dir.h"
 

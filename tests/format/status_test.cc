@@ -1,4 +1,4 @@
-#include "proto/status.h"
+#include "capsule/base/status.h"
 
 #include <gtest/gtest.h>
 

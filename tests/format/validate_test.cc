@@ -1,15 +1,16 @@
 // One case per ValidateCapsule rule (proto/validate.cc): each breaks one "must" of capsule.proto
 // in an otherwise valid full capsule and expects kInvalidArgument naming the field.
-#include "proto/validate.h"
+#include "capsule/format/dtype.h"
+#include "capsule/format/validate.h"
 
 #include <gtest/gtest.h>
 
 #include <functional>
 #include <limits>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_writer.h"
-#include "proto/sha256.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/base/sha256.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule::test {

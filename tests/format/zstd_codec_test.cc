@@ -1,6 +1,6 @@
 // The payload codec (proto/internal/zstd_codec.h) and the decompression-bomb guard: a frame that
 // declares far more than the cap is refused before anything of that size is allocated.
-#include "proto/internal/zstd_codec.h"
+#include "capsule/format/internal/zstd_codec.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -11,7 +11,7 @@
 #include <limits>
 #include <memory>
 
-#include "proto/capsule_reader.h"
+#include "capsule/format/capsule_reader.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule::test {

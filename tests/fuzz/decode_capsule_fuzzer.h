@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "proto/capsule_reader.h"
-#include "proto/signing.h"
-#include "proto/status.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/signing.h"
+#include "capsule/base/status.h"
 
 namespace capsule::fuzz {
 

@@ -11,15 +11,19 @@
 #include <fstream>
 #include <string>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_writer.h"
-#include "proto/envelope.h"
-#include "proto/envelope_format.h"
-#include "proto/internal/zstd_codec.h"
-#include "proto/sha256.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/envelope.h"
+#include "capsule/format/envelope_format.h"
+#include "capsule/format/internal/zstd_codec.h"
+#include "capsule/base/sha256.h"
+#include "capsule/format/internal/little_endian.h"
 #include "tests/fuzz/decode_capsule_fuzzer.h"
 
 namespace capsule::fuzz {
+using ::capsule::internal::LoadLe64;
+using ::capsule::internal::StoreLe16;
+using ::capsule::internal::StoreLe32;
 namespace {
 
 template <typename T>

@@ -1,7 +1,7 @@
 // Comparator: metrics against hand-computed values, the tolerance rule at its boundary, tolerance
 // precedence, non-finite handling, and the default FP32 tolerance on tiny_gpt (clean layers pass
 // with a margin, injected finite faults fail with a margin).
-#include "replay/comparator.h"
+#include "capsule/replay/comparator.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "capture/layer_sequence.h"
+#include "capsule/model/layer_sequence.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/faults.h"
 #include "samples/tiny_gpt/tiny_gpt.h"

@@ -1,6 +1,6 @@
 // ModelRegistry and LoadPlugin: registration rules, the errors a user sees, and the real tiny_gpt
 // plugin loaded into this binary, building a model that runs.
-#include "replay/model_registry.h"
+#include "capsule/replay/model_registry.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "capture/layer_sequence.h"
-#include "capture/tensor_codec.h"
-#include "proto/capsule.pb.h"
-#include "replay/plugin_loader.h"
+#include "capsule/model/layer_sequence.h"
+#include "capsule/probe/tensor_codec.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/replay/plugin_loader.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/tiny_gpt.h"

@@ -3,20 +3,20 @@
 // --redact, the unsigned-capsule warning, and capsule diffs.
 //
 // CAPSULE_UPDATE_GOLDEN=1 rewrites tests/report/golden/ after an intended change.
-#include "report/report.h"
+#include "capsule/report/report.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
 
-#include "proto/capsule.pb.h"
-#include "proto/capsule_reader.h"
-#include "proto/file_util.h"
-#include "proto/replay_report.pb.h"
-#include "proto/sha256.h"
-#include "proto/signing.h"
-#include "report/diff.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/base/file_util.h"
+#include "capsule/proto/replay_report.pb.h"
+#include "capsule/base/sha256.h"
+#include "capsule/format/signing.h"
+#include "capsule/report/diff.h"
 #include "samples/golden/golden_capsules.h"
 
 namespace capsule {

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "capture/layer_sequence.h"
+#include "capsule/model/layer_sequence.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/faults.h"
 #include "samples/tiny_gpt/tiny_gpt_config.h"

@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-#include "proto/status.h"
+#include "capsule/base/status.h"
 
 namespace capsule::tiny_gpt::internal {
 

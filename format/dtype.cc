@@ -1,0 +1,44 @@
+#include "capsule/format/dtype.h"
+
+#include "capsule/proto/capsule.pb.h"
+
+namespace capsule {
+
+int DTypeElementSize(int dtype) {
+  switch (dtype) {
+    case v1::FLOAT64:
+    case v1::INT64:
+      return 8;
+    case v1::FLOAT32:
+    case v1::INT32:
+      return 4;
+    case v1::BFLOAT16:
+    case v1::FLOAT16:
+    case v1::INT16:
+      return 2;
+    case v1::INT8:
+    case v1::UINT8:
+    case v1::BOOL:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+std::string DTypeName(int dtype) {
+  switch (dtype) {
+    case v1::FLOAT64: return "float64";
+    case v1::FLOAT32: return "float32";
+    case v1::BFLOAT16: return "bfloat16";
+    case v1::FLOAT16: return "float16";
+    case v1::INT64: return "int64";
+    case v1::INT32: return "int32";
+    case v1::INT16: return "int16";
+    case v1::INT8: return "int8";
+    case v1::UINT8: return "uint8";
+    case v1::BOOL: return "bool";
+    default: return "unspecified";
+  }
+}
+
+}  // namespace capsule

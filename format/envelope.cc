@@ -1,0 +1,229 @@
+#include "capsule/format/envelope.h"
+
+#include <cstring>
+
+#include "capsule/base/sha256.h"
+#include "capsule/format/internal/little_endian.h"
+
+namespace capsule {
+using internal::LoadLe16;
+using internal::LoadLe32;
+using internal::LoadLe64;
+using internal::StoreLe16;
+using internal::StoreLe32;
+using internal::StoreLe64;
+
+const char* SignatureStateName(SignatureState s) {
+  switch (s) {
+    case SignatureState::kVerified:
+      return "verified";
+    case SignatureState::kUnsigned:
+      return "unsigned";
+    case SignatureState::kNotChecked:
+      return "not checked";
+  }
+  return "unknown";
+}
+
+std::string SignedMessage(std::string_view header_bytes, std::string_view payload) {
+  std::string m;
+  m.reserve(kSignatureDomain.size() + header_bytes.size() + kSha256Size);
+  m.append(kSignatureDomain);
+  m.append(header_bytes);
+  m.append(Sha256(payload));
+  return m;
+}
+
+Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
+                           const SealOptions& options) {
+  if (buffer->size() < kHeaderSizeV1) return InternalError("seal: no room for the header");
+  std::string& out = *buffer;
+  const uint64_t payload_size = out.size() - kHeaderSizeV1;
+  std::memcpy(out.data(), kMagic.data(), kMagicSize);
+  StoreLe16(&out[kOffMajor], options.major);
+  StoreLe16(&out[kOffMinor], options.minor);
+  StoreLe32(&out[kOffHeaderSize], kHeaderSizeV1);
+  StoreLe32(&out[kOffRequiredFlags], options.required_flags);
+  StoreLe32(&out[kOffOptionalFlags], options.optional_flags);
+  StoreLe64(&out[kOffPayloadSize], payload_size);
+  StoreLe64(&out[kOffUncompressedSize], uncompressed_size);
+  StoreLe32(&out[kOffPayloadCodec], kPayloadCodecZstd);
+  StoreLe32(&out[kOffHeaderReserved], 0);
+
+  const std::string_view view(out);
+  const std::string message =
+      SignedMessage(view.substr(0, kHeaderSizeV1), view.substr(kHeaderSizeV1));
+  std::string key_id(kSha256Size, '\0');
+  std::string signature;
+  uint16_t alg = kSigAlgNone;
+  if (options.signing_key != nullptr) {
+    CAPSULE_ASSIGN_OR_RETURN(PublicKey pub, options.signing_key->GetPublicKey());
+    key_id = pub.KeyId();
+    CAPSULE_ASSIGN_OR_RETURN(signature, Sign(*options.signing_key, message));
+    alg = kSigAlgEd25519;
+  }
+  const uint32_t trailer_size = static_cast<uint32_t>(kTrailerFixedSize + signature.size());
+  char fixed[8];
+  StoreLe16(fixed, alg);
+  StoreLe16(fixed + 2, static_cast<uint16_t>(signature.size()));
+  StoreLe32(fixed + 4, 0);
+  out.reserve(out.size() + trailer_size);
+  out.append(fixed, sizeof(fixed));
+  out.append(key_id);
+  out.append(Sha256(message));
+  out.append(signature);
+  char tail[4];
+  StoreLe32(tail, trailer_size);
+  out.append(tail, sizeof(tail));
+  out.append(kEndMagic);
+  return Status::Ok();
+}
+
+StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompressed_size,
+                                   const SealOptions& options) {
+  std::string out;
+  out.reserve(kHeaderSizeV1 + payload.size() + kTrailerFixedSize + kEd25519SignatureSize);
+  out.resize(kHeaderSizeV1);
+  out.append(payload);
+  CAPSULE_RETURN_IF_ERROR(SealEnvelopeInPlace(&out, uncompressed_size, options));
+  return out;
+}
+
+namespace {
+
+Status Truncated(uint64_t have, uint64_t need) {
+  return OutOfRangeError("truncated capsule: " + std::to_string(have) + " bytes, header declares " +
+                         std::to_string(need) + "; the copy is incomplete, fetch it again");
+}
+
+}  // namespace
+
+StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& options) {
+  const uint64_t size = file.size();
+  // 1. Magic. A prefix of the magic (an empty file included) is a capsule cut short.
+  if (size < kMagicSize) {
+    if (file == kMagic.substr(0, size)) return Truncated(size, kMinCapsuleSize);
+    return InvalidArgumentError("not a capsule (bad magic number)");
+  }
+  if (file.substr(0, kMagicSize) != kMagic) {
+    return InvalidArgumentError("not a capsule (bad magic number)");
+  }
+  if (size < kHeaderSizeV1) return Truncated(size, kMinCapsuleSize);
+
+  // 2. Version and required flags, before trusting any other field.
+  OpenedEnvelope env;
+  EnvelopeHeader& h = env.info.header;
+  h.major = LoadLe16(&file[kOffMajor]);
+  h.minor = LoadLe16(&file[kOffMinor]);
+  if (h.major > kFormatMajor) {
+    return UnimplementedError("format " + std::to_string(h.major) + "." + std::to_string(h.minor) +
+                              " is newer than this reader (reads up to " +
+                              std::to_string(kFormatMajor) + ".x); upgrade capsule");
+  }
+  if (h.major == 0) return DataLossError("corrupt header (format major version 0)");
+  h.required_flags = LoadLe32(&file[kOffRequiredFlags]);
+  if ((h.required_flags & ~kKnownRequiredFlags) != 0) {
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "0x%08x", h.required_flags & ~kKnownRequiredFlags);
+    return UnimplementedError(std::string("capsule needs features this reader lacks (required flags ") +
+                              hex + "); upgrade capsule");
+  }
+  h.header_size = LoadLe32(&file[kOffHeaderSize]);
+  h.optional_flags = LoadLe32(&file[kOffOptionalFlags]);
+  h.payload_size = LoadLe64(&file[kOffPayloadSize]);
+  h.uncompressed_size = LoadLe64(&file[kOffUncompressedSize]);
+  h.payload_codec = LoadLe32(&file[kOffPayloadCodec]);
+  if (h.header_size < kHeaderSizeV1 || h.header_size > (1u << 20)) {
+    return DataLossError("corrupt header (header size " + std::to_string(h.header_size) + ")");
+  }
+  if (h.payload_codec != kPayloadCodecZstd) {
+    return DataLossError("corrupt header (unknown payload codec " +
+                         std::to_string(h.payload_codec) + ")");
+  }
+  if (LoadLe32(&file[kOffHeaderReserved]) != 0) {
+    return DataLossError("corrupt header (reserved field is not zero)");
+  }
+
+  // 3. Declared sizes against the actual size. Overflow-safe: each term is bounded first.
+  if (h.payload_size > size) return Truncated(size, h.header_size + h.payload_size);
+  const uint64_t trailer_at = h.header_size + h.payload_size;
+  if (size < trailer_at + kTrailerFixedSize) {
+    return Truncated(size, trailer_at + kTrailerFixedSize);
+  }
+  const char* t = file.data() + trailer_at;
+  env.info.signature_algorithm = LoadLe16(t);
+  const uint16_t sig_size = LoadLe16(t + 2);
+  const uint64_t total = trailer_at + kTrailerFixedSize + sig_size;
+  if (size < total) return Truncated(size, total);
+  if (size > total) {
+    return DataLossError("corrupt capsule (" + std::to_string(size - total) +
+                         " bytes after the declared end)");
+  }
+  // 4. End magic and the trailer's own size field.
+  if (file.substr(size - kEndMagic.size()) != kEndMagic) {
+    return DataLossError("corrupt trailer (bad end magic)");
+  }
+  if (LoadLe32(&file[size - kTrailerTailSize]) != kTrailerFixedSize + sig_size) {
+    return DataLossError("corrupt trailer (trailer size does not match the signature size)");
+  }
+  if (LoadLe32(t + 4) != 0) return DataLossError("corrupt trailer (reserved field is not zero)");
+  env.info.key_id = std::string(t + 8, kSha256Size);
+  env.info.digest = std::string(t + 8 + kSha256Size, kSha256Size);
+  const std::string_view signature(t + 8 + 2 * kSha256Size, sig_size);
+  env.info.file_size = size;
+
+  // 5. Digest: integrity of header and payload, signed or not.
+  const std::string_view header_bytes = file.substr(0, h.header_size);
+  env.payload = file.substr(h.header_size, h.payload_size);
+  const std::string message = SignedMessage(header_bytes, env.payload);
+  if (Sha256(message) != env.info.digest) {
+    return DataLossError("corrupt capsule (digest mismatch: header or payload bytes changed)");
+  }
+
+  // 6. Signature, before the payload is decompressed or parsed.
+  switch (env.info.signature_algorithm) {
+    case kSigAlgNone:
+      if (sig_size != 0 || env.info.key_id != std::string(kSha256Size, '\0')) {
+        return DataLossError("corrupt trailer (unsigned capsule with a key id or signature)");
+      }
+      if (!options.allow_unsigned) {
+        return UnauthenticatedError(
+            "capsule is unsigned, so it cannot be verified (inspect and replay read it with --allow-unsigned)");
+      }
+      env.info.signature = SignatureState::kUnsigned;
+      break;
+    case kSigAlgEd25519: {
+      if (sig_size != kEd25519SignatureSize) {
+        return DataLossError("corrupt trailer (Ed25519 signature of " + std::to_string(sig_size) +
+                             " bytes)");
+      }
+      const PublicKey* key = nullptr;
+      for (const PublicKey& k : options.trusted_keys) {
+        if (k.KeyId() == env.info.key_id) key = &k;
+      }
+      if (key == nullptr) {
+        if (!options.allow_untrusted) {
+          return UnauthenticatedError("capsule is signed by untrusted key " +
+                                      HexEncode(env.info.key_id).substr(0, 16) +
+                                      "; pass the signer's public key with --pubkey");
+        }
+        env.info.signature = SignatureState::kNotChecked;
+        break;
+      }
+      Status s = Verify(*key, message, signature);
+      if (!s.ok()) {
+        return UnauthenticatedError("bad signature: capsule was not signed by key " +
+                                    key->KeyIdHex().substr(0, 16) + " or was altered");
+      }
+      env.info.signature = SignatureState::kVerified;
+      break;
+    }
+    default:
+      return UnimplementedError("unknown signature algorithm " +
+                                std::to_string(env.info.signature_algorithm) +
+                                "; upgrade capsule");
+  }
+  return env;
+}
+
+}  // namespace capsule

@@ -1,0 +1,243 @@
+#include "capsule/format/signing.h"
+
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+
+#include "capsule/base/file_util.h"
+#include "capsule/base/sha256.h"
+
+namespace capsule {
+namespace {
+
+struct PkeyDeleter {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+};
+struct MdCtxDeleter {
+  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
+};
+struct BioDeleter {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyDeleter>;
+using BioPtr = std::unique_ptr<BIO, BioDeleter>;
+
+std::string OpenSslError() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "unknown openssl error";
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof(buf));
+  return buf;
+}
+
+std::string BioToString(BIO* bio) {
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio, &data);
+  return std::string(data, static_cast<size_t>(n));
+}
+
+StatusOr<std::string> RawKey(EVP_PKEY* pkey, bool is_private) {
+  if (EVP_PKEY_get_id(pkey) != EVP_PKEY_ED25519) {
+    return InvalidArgumentError("not an Ed25519 key");
+  }
+  std::string raw(kEd25519KeySize, '\0');
+  size_t len = raw.size();
+  const int ok =
+      is_private
+          ? EVP_PKEY_get_raw_private_key(pkey, reinterpret_cast<unsigned char*>(raw.data()), &len)
+          : EVP_PKEY_get_raw_public_key(pkey, reinterpret_cast<unsigned char*>(raw.data()), &len);
+  if (ok != 1 || len != kEd25519KeySize) {
+    return InvalidArgumentError("cannot read the raw Ed25519 key: " + OpenSslError());
+  }
+  return raw;
+}
+
+}  // namespace
+
+StatusOr<PublicKey> PublicKey::FromRaw(std::string_view raw) {
+  if (raw.size() != kEd25519KeySize) {
+    return InvalidArgumentError("an Ed25519 public key is 32 bytes, got " +
+                                std::to_string(raw.size()));
+  }
+  PublicKey key;
+  key.raw_ = std::string(raw);
+  return key;
+}
+
+std::string PublicKey::KeyId() const { return Sha256(raw_); }
+std::string PublicKey::KeyIdHex() const { return HexEncode(KeyId()); }
+
+StatusOr<std::string> PublicKey::ToPem() const {
+  PkeyPtr pkey(EVP_PKEY_new_raw_public_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(raw_.data()), raw_.size()));
+  if (!pkey) return InternalError("cannot build the public key: " + OpenSslError());
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (!bio || PEM_write_bio_PUBKEY(bio.get(), pkey.get()) != 1) {
+    return InternalError("cannot write the public key PEM: " + OpenSslError());
+  }
+  return BioToString(bio.get());
+}
+
+PrivateKey::~PrivateKey() {
+  if (!raw_.empty()) OPENSSL_cleanse(raw_.data(), raw_.size());
+}
+
+StatusOr<PrivateKey> PrivateKey::FromRaw(std::string_view raw) {
+  if (raw.size() != kEd25519KeySize) {
+    return InvalidArgumentError("an Ed25519 private key is 32 bytes, got " +
+                                std::to_string(raw.size()));
+  }
+  PrivateKey key;
+  key.raw_ = std::string(raw);
+  return key;
+}
+
+StatusOr<PublicKey> PrivateKey::GetPublicKey() const {
+  PkeyPtr pkey(EVP_PKEY_new_raw_private_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(raw_.data()), raw_.size()));
+  if (!pkey) return InvalidArgumentError("not a usable Ed25519 private key: " + OpenSslError());
+  CAPSULE_ASSIGN_OR_RETURN(std::string pub, RawKey(pkey.get(), /*is_private=*/false));
+  return PublicKey::FromRaw(pub);
+}
+
+StatusOr<std::string> PrivateKey::ToPem() const {
+  PkeyPtr pkey(EVP_PKEY_new_raw_private_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(raw_.data()), raw_.size()));
+  if (!pkey) return InvalidArgumentError("not a usable Ed25519 private key: " + OpenSslError());
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (!bio || PEM_write_bio_PrivateKey(bio.get(), pkey.get(), nullptr, nullptr, 0, nullptr,
+                                       nullptr) != 1) {
+    return InternalError("cannot write the private key PEM: " + OpenSslError());
+  }
+  std::string pem = BioToString(bio.get());
+  return pem;
+}
+
+StatusOr<KeyPair> GenerateKeyPair() {
+  EVP_PKEY* raw_pkey = nullptr;
+  std::unique_ptr<EVP_PKEY_CTX, decltype(&EVP_PKEY_CTX_free)> ctx(
+      EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, nullptr), EVP_PKEY_CTX_free);
+  if (!ctx || EVP_PKEY_keygen_init(ctx.get()) != 1 || EVP_PKEY_keygen(ctx.get(), &raw_pkey) != 1) {
+    return InternalError("cannot generate an Ed25519 key: " + OpenSslError());
+  }
+  PkeyPtr pkey(raw_pkey);
+  CAPSULE_ASSIGN_OR_RETURN(std::string priv, RawKey(pkey.get(), /*is_private=*/true));
+  CAPSULE_ASSIGN_OR_RETURN(PrivateKey private_key, PrivateKey::FromRaw(priv));
+  OPENSSL_cleanse(priv.data(), priv.size());
+  CAPSULE_ASSIGN_OR_RETURN(PublicKey public_key, private_key.GetPublicKey());
+  return KeyPair{std::move(private_key), std::move(public_key)};
+}
+
+StatusOr<PrivateKey> ParsePrivateKeyPem(std::string_view pem) {
+  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  if (!bio) return ResourceExhaustedError("cannot allocate");
+  PkeyPtr pkey(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  if (!pkey) {
+    ERR_clear_error();
+    return InvalidArgumentError("not a PEM private key");
+  }
+  CAPSULE_ASSIGN_OR_RETURN(std::string raw, RawKey(pkey.get(), /*is_private=*/true));
+  auto key = PrivateKey::FromRaw(raw);
+  OPENSSL_cleanse(raw.data(), raw.size());
+  return key;
+}
+
+StatusOr<PublicKey> ParsePublicKeyPem(std::string_view pem) {
+  BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  if (!bio) return ResourceExhaustedError("cannot allocate");
+  PkeyPtr pkey(PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr));
+  if (!pkey) {
+    ERR_clear_error();
+    return InvalidArgumentError("not a PEM public key");
+  }
+  CAPSULE_ASSIGN_OR_RETURN(std::string raw, RawKey(pkey.get(), /*is_private=*/false));
+  return PublicKey::FromRaw(raw);
+}
+
+StatusOr<PrivateKey> LoadPrivateKeyFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoError(errno, "cannot read private key", path);
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return PermissionDeniedError("private key " + path + " is readable by others (mode " + mode +
+                                 "); run: chmod 600 " + path);
+  }
+  CAPSULE_ASSIGN_OR_RETURN(std::string pem, ReadFileBytes(path, 1 << 16));
+  auto key = ParsePrivateKeyPem(pem);
+  OPENSSL_cleanse(pem.data(), pem.size());
+  if (!key.ok()) return key.status().WithContext(path);
+  return key;
+}
+
+StatusOr<PublicKey> LoadPublicKeyFile(const std::string& path) {
+  auto pem = ReadFileBytes(path, 1 << 16);
+  if (!pem.ok()) return pem.status().WithContext("cannot read public key");
+  auto key = ParsePublicKeyPem(*pem);
+  if (!key.ok()) return key.status().WithContext(path);
+  return key;
+}
+
+Status SavePrivateKeyFile(const PrivateKey& key, const std::string& path) {
+  CAPSULE_ASSIGN_OR_RETURN(std::string pem, key.ToPem());
+  AtomicWriteOptions options;
+  options.mode = 0600;
+  options.overwrite = false;
+  Status s = WriteFileAtomic(path, pem, options);
+  OPENSSL_cleanse(pem.data(), pem.size());
+  return s;
+}
+
+Status SavePublicKeyFile(const PublicKey& key, const std::string& path) {
+  CAPSULE_ASSIGN_OR_RETURN(std::string pem, key.ToPem());
+  AtomicWriteOptions options;
+  options.mode = 0644;
+  options.overwrite = false;
+  return WriteFileAtomic(path, pem, options);
+}
+
+StatusOr<std::string> Sign(const PrivateKey& key, std::string_view message) {
+  PkeyPtr pkey(EVP_PKEY_new_raw_private_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(key.raw().data()),
+      key.raw().size()));
+  if (!pkey) return InvalidArgumentError("not a usable Ed25519 private key: " + OpenSslError());
+  std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> ctx(EVP_MD_CTX_new());
+  std::string sig(kEd25519SignatureSize, '\0');
+  size_t len = sig.size();
+  if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) != 1 ||
+      EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len,
+                     reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1) {
+    return InternalError("signing failed: " + OpenSslError());
+  }
+  sig.resize(len);
+  return sig;
+}
+
+Status Verify(const PublicKey& key, std::string_view message, std::string_view signature) {
+  if (signature.size() != kEd25519SignatureSize) {
+    return UnauthenticatedError("bad signature (wrong length)");
+  }
+  PkeyPtr pkey(EVP_PKEY_new_raw_public_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(key.raw().data()),
+      key.raw().size()));
+  if (!pkey) return InvalidArgumentError("not a usable Ed25519 public key: " + OpenSslError());
+  std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> ctx(EVP_MD_CTX_new());
+  if (!ctx || EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) != 1) {
+    return InternalError("cannot verify: " + OpenSslError());
+  }
+  const int rc = EVP_DigestVerify(
+      ctx.get(), reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
+      reinterpret_cast<const unsigned char*>(message.data()), message.size());
+  ERR_clear_error();
+  if (rc != 1) return UnauthenticatedError("bad signature");
+  return Status::Ok();
+}
+
+}  // namespace capsule

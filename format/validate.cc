@@ -1,0 +1,268 @@
+#include "capsule/format/validate.h"
+
+#include <set>
+#include <vector>
+
+#include <google/protobuf/descriptor.h>
+
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/base/sha256.h"
+#include "capsule/format/dtype.h"
+
+namespace capsule {
+namespace {
+
+Status Invalid(const std::string& where, const std::string& what) {
+  return InvalidArgumentError(where + ": " + what);
+}
+
+std::string ShapeString(const v1::TensorMeta& meta) {
+  std::string s = DTypeName(meta.dtype()) + "[";
+  for (int i = 0; i < meta.shape_size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(meta.shape(i));
+  }
+  return s + "]";
+}
+
+Status ValidateMeta(const std::string& where, const v1::TensorMeta& meta, int64_t* numel) {
+  if (meta.dtype() == v1::DTYPE_UNSPECIFIED || DTypeElementSize(meta.dtype()) == 0) {
+    return Invalid(where, "dtype is unspecified");
+  }
+  if (meta.strides_size() != 0 && meta.strides_size() != meta.shape_size()) {
+    return Invalid(where, "strides and shape have different ranks");
+  }
+  int64_t n = 1;
+  for (int64_t d : meta.shape()) {
+    if (d < 0) return Invalid(where, "negative dimension in shape");
+    // 2^48 elements is far beyond any tensor a capsule can hold; it keeps n from overflowing.
+    if (d != 0 && n > (int64_t{1} << 48) / d) return Invalid(where, "shape is too large");
+    n *= d;
+  }
+  if (meta.storage_offset() < 0) return Invalid(where, "negative storage offset");
+  *numel = n;
+  return Status::Ok();
+}
+
+Status ValidateStats(const std::string& where, const v1::HealthStats& s) {
+  const int64_t counts[] = {s.nan_count(), s.pos_inf_count(), s.neg_inf_count(), s.zero_count()};
+  if (s.numel() < 0) return Invalid(where, "negative numel");
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    if (c < 0 || c > s.numel()) return Invalid(where, "a count is outside [0, numel]");
+    // Compared before adding: four counts near INT64_MAX would overflow the sum (undefined
+    // behaviour) and could wrap around to a total that looks within numel.
+    if (c > s.numel() - total) return Invalid(where, "counts add up to more than numel");
+    total += c;
+  }
+  const int64_t nonfinite = s.nan_count() + s.pos_inf_count() + s.neg_inf_count();
+  const int64_t first = s.first_nonfinite_index();
+  if (first != -1 && (first < 0 || first >= s.numel())) {
+    return Invalid(where, "first_nonfinite_index is outside [-1, numel)");
+  }
+  if ((nonfinite == 0) != (s.first_nonfinite_index() == -1)) {
+    return Invalid(where, "first_nonfinite_index disagrees with the non-finite counts");
+  }
+  return Status::Ok();
+}
+
+// RFC 3629 UTF-8 (no overlong forms, surrogates or code points above U+10FFFF): what proto3
+// parsing demands of string fields.
+bool IsUtf8(const std::string& s) {
+  const auto* u = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned c = u[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return false;
+    }
+    if (n - i < len || u[i + 1] < lo || u[i + 1] > hi) return false;
+    for (size_t k = 2; k < len; ++k) {
+      if (u[i + k] < 0x80 || u[i + k] > 0xbf) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// proto3 parsing rejects a string field that is not UTF-8, but serializing one succeeds: without
+// this check a writer could write a capsule no reader can open (raw sample text, log lines and
+// host names come from outside). Returns false and the field's path at the first bad string.
+bool StringsAreUtf8(const google::protobuf::Message& m, std::string* where) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  std::string scratch;
+  for (const FieldDescriptor* f : fields) {
+    const bool is_string = f->type() == FieldDescriptor::TYPE_STRING;
+    if (!is_string && f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      std::string inner;
+      bool ok;
+      if (is_string) {
+        ok = IsUtf8(f->is_repeated() ? r->GetRepeatedStringReference(m, f, i, &scratch)
+                                     : r->GetStringReference(m, f, &scratch));
+      } else {
+        ok = StringsAreUtf8(f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f),
+                            &inner);
+      }
+      if (!ok) {
+        *where = f->name() + (f->is_repeated() ? "[" + std::to_string(i) + "]" : "") +
+                 (inner.empty() ? "" : "." + inner);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
+  if (c.writer_version().empty()) return Invalid("writer_version", "must be set");
+  if (c.created_unix_micros() <= 0) return Invalid("created_unix_micros", "must be > 0");
+  if (!c.has_trigger() || c.trigger().kind() == v1::TRIGGER_KIND_UNSPECIFIED) {
+    return Invalid("trigger.kind", "must be set");
+  }
+  if (!c.has_step()) return Invalid("step", "must be set");
+  const v1::StepInfo& step = c.step();
+  if (step.global_step() < 0 || step.micro_batch() < 0 || step.tokens_seen() < 0 ||
+      step.epoch() < 0) {
+    return Invalid("step", "global_step, micro_batch, tokens_seen and epoch must be >= 0");
+  }
+  for (int i = 1; i < step.history_size(); ++i) {
+    if (step.history(i).step() <= step.history(i - 1).step()) {
+      return Invalid("step.history[" + std::to_string(i) + "]", "steps must increase");
+    }
+  }
+
+  for (int i = 0; i < c.data().sequences_size(); ++i) {
+    const v1::Sequence& seq = c.data().sequences(i);
+    const std::string where = "data.sequences[" + std::to_string(i) + "]";
+    const int64_t n = seq.token_ids_size() > 0 ? seq.token_ids_size() : seq.token_count();
+    if (seq.token_count() < 0) return Invalid(where, "negative token_count");
+    if (!seq.token_ids_sha256().empty() && !IsSha256Hex(seq.token_ids_sha256())) {
+      return Invalid(where, "token_ids_sha256 is not a lowercase hex SHA-256");
+    }
+    if (seq.labels_size() != 0 && seq.labels_size() != n) {
+      return Invalid(where, "labels and token_ids have different lengths");
+    }
+    for (const std::string* mask : {&seq.attention_mask(), &seq.loss_mask()}) {
+      if (mask->empty()) continue;
+      if (static_cast<int64_t>(mask->size()) != n) {
+        return Invalid(where, "a mask and token_ids have different lengths");
+      }
+      for (char b : *mask) {
+        if (b != 0 && b != 1) return Invalid(where, "a mask byte is not 0 or 1");
+      }
+    }
+  }
+
+  for (int i = 0; i < c.identity().files_size(); ++i) {
+    if (!IsSha256Hex(c.identity().files(i).sha256())) {
+      return Invalid("identity.files[" + std::to_string(i) + "].sha256",
+                     "must be 64 lowercase hex characters");
+    }
+    if (c.identity().files(i).size_bytes() < 0) {
+      return Invalid("identity.files[" + std::to_string(i) + "]", "negative size");
+    }
+  }
+  for (const std::string* h : {&c.identity().model_sha256(), &c.identity().config_sha256()}) {
+    if (!h->empty() && !IsSha256Hex(*h)) {
+      return Invalid("identity", "model_sha256/config_sha256 must be 64 lowercase hex characters");
+    }
+  }
+  if (!c.identity().config_sha256().empty() &&
+      Sha256Hex(c.identity().config_text()) != c.identity().config_sha256()) {
+    return Invalid("identity.config_sha256", "does not match config_text");
+  }
+
+  std::set<std::string> rng_names;
+  for (int i = 0; i < c.rng().generators_size(); ++i) {
+    const v1::RngBlob& g = c.rng().generators(i);
+    const std::string where = "rng.generators[" + std::to_string(i) + "] (" + g.name() + ")";
+    if (g.name().empty()) return Invalid(where, "name must be set");
+    if (!rng_names.insert(g.name()).second) return Invalid(where, "duplicate name");
+    if (g.kind() == v1::RNG_KIND_UNSPECIFIED) return Invalid(where, "kind must be set");
+    if (g.state().empty()) return Invalid(where, "state must not be empty");
+  }
+
+  const v1::Numerics& num = c.numerics();
+  for (int i = 0; i < num.layers_size(); ++i) {
+    const v1::LayerStats& l = num.layers(i);
+    const std::string where = "numerics.layers[" + std::to_string(i) + "] (" + l.name() + ")";
+    if (l.phase() == v1::PHASE_UNSPECIFIED) return Invalid(where, "phase must be set");
+    if (l.index() < 0) return Invalid(where, "negative index");
+    if (l.has_meta()) {
+      int64_t numel = 0;
+      CAPSULE_RETURN_IF_ERROR(ValidateMeta(where + ".meta", l.meta(), &numel));
+    }
+    CAPSULE_RETURN_IF_ERROR(ValidateStats(where + ".stats", l.stats()));
+  }
+  if (num.first_anomalous_index() < -1) {
+    return Invalid("numerics.first_anomalous_index", "must be >= -1");
+  }
+
+  std::set<std::string> tensor_names;
+  for (int i = 0; i < c.tensors_size(); ++i) {
+    const v1::TensorBlob& t = c.tensors(i);
+    const std::string where = "tensors[" + std::to_string(i) + "] (" + t.name() + ")";
+    if (t.name().empty()) return Invalid(where, "name must be set");
+    if (!tensor_names.insert(t.name()).second) return Invalid(where, "duplicate name");
+    int64_t numel = 0;
+    CAPSULE_RETURN_IF_ERROR(ValidateMeta(where, t.meta(), &numel));
+    const uint64_t expected = static_cast<uint64_t>(numel) * DTypeElementSize(t.meta().dtype());
+    if (t.data().size() != expected) {
+      return Invalid(where, "data is " + std::to_string(t.data().size()) + " bytes, expected " +
+                                std::to_string(expected) + " for " + ShapeString(t.meta()));
+    }
+    if (!IsSha256Hex(t.sha256())) return Invalid(where, "sha256 must be 64 lowercase hex");
+    if (options.verify_tensor_digests && Sha256Hex(t.data()) != t.sha256()) {
+      return Invalid(where, "sha256 does not match data");
+    }
+  }
+  for (int i = 0; i < c.data().tensor_names_size(); ++i) {
+    if (tensor_names.count(c.data().tensor_names(i)) == 0) {
+      return Invalid("data.tensor_names[" + std::to_string(i) + "]",
+                     "names no tensor in tensors (" + c.data().tensor_names(i) + ")");
+    }
+  }
+
+  const v1::Placement& p = c.placement();
+  if (p.rank() < 0 || p.world_size() < 0 || (p.world_size() > 0 && p.rank() >= p.world_size())) {
+    return Invalid("placement", "rank must be in [0, world_size)");
+  }
+  for (const auto& [key, value] : c.annotations()) {
+    if (key.empty()) return Invalid("annotations", "keys must not be empty");
+  }
+  static const std::set<std::string> kDroppable = {"text", "tokens", "paths", "host"};
+  for (const std::string& d : c.redaction().dropped()) {
+    if (kDroppable.count(d) == 0) return Invalid("redaction.dropped", "unknown item " + d);
+  }
+  std::string where;
+  if (!StringsAreUtf8(c, &where)) {
+    return Invalid(where, "is not valid UTF-8 (string fields must be; a reader cannot parse it)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace capsule

@@ -1,0 +1,30 @@
+// ValidateCapsule: the "must" rules of proto/capsule.proto, checked after parsing.
+//
+// Protobuf accepts any well-formed message; these rules make sure a capsule can be replayed and
+// reported without each consumer re-checking: the trigger is set, hashes are well-formed, tensor
+// blobs are exactly numel × element-size bytes, RNG blobs are tagged, names are unique, counts are
+// within numel. The error names the field: "tensors[3] (blocks.2.attn.qkv.weight): data is 96
+// bytes, expected 128 for float32[4,8]".
+//
+//   CAPSULE_RETURN_IF_ERROR(capsule::ValidateCapsule(msg));
+//
+// Thread safety: thread-safe.
+#ifndef CAPSULE_FORMAT_VALIDATE_H_
+#define CAPSULE_FORMAT_VALIDATE_H_
+
+#include "capsule/format/capsule_fwd.h"
+#include "capsule/base/status.h"
+
+namespace capsule {
+
+struct ValidateOptions {
+  // Recompute each TensorBlob's SHA-256 (costs one hash pass over all embedded tensor bytes).
+  bool verify_tensor_digests = true;
+};
+
+// kInvalidArgument naming the first rule broken.
+Status ValidateCapsule(const v1::Capsule& capsule, const ValidateOptions& options = {});
+
+}  // namespace capsule
+
+#endif  // CAPSULE_FORMAT_VALIDATE_H_
