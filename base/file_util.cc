@@ -70,7 +70,8 @@ Status WriteFileAtomic(const std::string& path, std::string_view bytes,
   }
   const std::string partial = path + ".partial";
   // A file over RLIMIT_FSIZE raises SIGXFSZ, which would kill the trainer; we want EFBIG instead.
-  struct sigaction ignore {}, old {};
+  struct sigaction ignore {
+  }, old{};
   ignore.sa_handler = SIG_IGN;
   sigemptyset(&ignore.sa_mask);
   const bool swapped = ::sigaction(SIGXFSZ, &ignore, &old) == 0;

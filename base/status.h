@@ -1,8 +1,8 @@
 // Status and StatusOr<T>: errors as values.
 //
 // Every fallible capsule function returns a Status (or a StatusOr<T> carrying either a value or an
-// error). Codes are the canonical ones (same numbering as absl::StatusCode / google.rpc.Code). Which
-// code to use:
+// error). Codes are the canonical ones (same numbering as absl::StatusCode / google.rpc.Code).
+// Which code to use:
 //   kDataLoss           the bytes are corrupt (checksum or digest mismatch, bad protobuf)
 //   kOutOfRange         the file ends before the sizes it declares (truncated)
 //   kUnimplemented      written by a newer format (major version, required flag)
@@ -99,7 +99,8 @@ Status UnauthenticatedError(std::string message);
 Status UnavailableError(std::string message);
 
 // errno-based error for a failed system call on `path`: ENOENT -> kNotFound,
-// EACCES/EPERM/EROFS -> kPermissionDenied, ENOSPC/EDQUOT/EFBIG -> kResourceExhausted, else kInternal.
+// EACCES/EPERM/EROFS -> kPermissionDenied, ENOSPC/EDQUOT/EFBIG -> kResourceExhausted, else
+// kInternal.
 Status ErrnoError(int err, std::string_view what, std::string_view path);
 
 // Either a value or a non-OK Status.

@@ -7,9 +7,9 @@
 
 #include <random>
 
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
+#include "capsule/proto/capsule.pb.h"
 #include "samples/golden/golden_capsules.h"
 
 namespace capsule {

@@ -10,8 +10,8 @@
 #include <map>
 
 #include "capsule/capture/monitor.h"
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/model_registry.h"
 #include "capsule/replay/replayer.h"

@@ -11,15 +11,15 @@
 #include <cstdio>
 #include <iostream>
 
+#include "capsule/base/sha256.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/envelope_format.h"
+#include "capsule/format/version.h"
 #include "capsule/probe/environment.h"
 #include "capsule/probe/hashing.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/probe/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
-#include "capsule/format/capsule_writer.h"
-#include "capsule/format/envelope_format.h"
-#include "capsule/base/sha256.h"
-#include "capsule/format/version.h"
 
 namespace capsule {
 
@@ -49,9 +49,7 @@ int64_t NowMicros() {
       .count();
 }
 
-at::Tensor CopyIfDefined(const at::Tensor& t) {
-  return t.defined() ? t.detach().clone() : t;
-}
+at::Tensor CopyIfDefined(const at::Tensor& t) { return t.defined() ? t.detach().clone() : t; }
 
 // Robust spike threshold over the last `window` values: median + max(k * 1.4826 * MAD,
 // min_rel * |median|). nullopt until `warmup` finite values exist.
@@ -242,15 +240,15 @@ Monitor::Fired Monitor::CheckTriggers(const StepScalars& s) const {
                            FormatValue(options_.spike_mads) + "*1.4826*MAD, " +
                            FormatValue(options_.spike_min_relative) + "*|median|)";
   if (options_.trigger_loss_spike && s.loss) {
-    auto t = SpikeThreshold(history_, &StepScalars::loss, options_.spike_window,
-                            options_.spike_warmup, options_.spike_mads,
-                            options_.spike_min_relative);
+    auto t =
+        SpikeThreshold(history_, &StepScalars::loss, options_.spike_window, options_.spike_warmup,
+                       options_.spike_mads, options_.spike_min_relative);
     if (t && *s.loss > *t) return {TriggerKind::kLossSpike, *s.loss, *t, "loss " + rule};
   }
   if (options_.trigger_grad_norm_spike && s.grad_norm) {
-    auto t = SpikeThreshold(history_, &StepScalars::grad_norm, options_.spike_window,
-                            options_.spike_warmup, options_.spike_mads,
-                            options_.spike_min_relative);
+    auto t =
+        SpikeThreshold(history_, &StepScalars::grad_norm, options_.spike_window,
+                       options_.spike_warmup, options_.spike_mads, options_.spike_min_relative);
     if (t && *s.grad_norm > *t) {
       return {TriggerKind::kGradNormSpike, *s.grad_norm, *t, "grad norm " + rule};
     }
@@ -305,8 +303,8 @@ StepReport Monitor::Capture(const Fired& fired, const std::string& message) {
   report.triggered = true;
   report.trigger = fired.kind;
   const int64_t step = snap_ ? snap_->step : 0;
-  const std::string what = std::string(TriggerKindName(fired.kind)) + " at step " +
-                           std::to_string(step);
+  const std::string what =
+      std::string(TriggerKindName(fired.kind)) + " at step " + std::to_string(step);
   if (capsules_written_ >= options_.max_capsules) {
     report.rate_limited = true;
     report.summary = what + ": no capsule (limit of " + std::to_string(options_.max_capsules) +
@@ -353,8 +351,7 @@ StepReport Monitor::Capture(const Fired& fired, const std::string& message) {
   return report;
 }
 
-Status Monitor::BuildAndWrite(const Fired& fired, const std::string& message,
-                              StepReport* report) {
+Status Monitor::BuildAndWrite(const Fired& fired, const std::string& message, StepReport* report) {
   if (!snap_) return FailedPreconditionError("EndStep/CaptureNow called before BeginStep");
   const Snapshot& snap = *snap_;
   // Load the key first: without it there is no capsule, and the re-run would be wasted.
@@ -558,10 +555,10 @@ Status Monitor::BuildAndWrite(const Fired& fired, const std::string& message,
                                         v1::LAYER_INPUT, rec.name));
         }
         if (rec.output.defined()) {
-          CAPSULE_RETURN_IF_ERROR(embed(rec.name + "/output", rec.output,
-                                        path_ == PathKind::kOptimized ? v1::OPTIMIZED_OUTPUT
-                                                                      : v1::REFERENCE_OUTPUT,
-                                        rec.name));
+          CAPSULE_RETURN_IF_ERROR(
+              embed(rec.name + "/output", rec.output,
+                    path_ == PathKind::kOptimized ? v1::OPTIMIZED_OUTPUT : v1::REFERENCE_OUTPUT,
+                    rec.name));
         }
       }
     }

@@ -16,9 +16,8 @@
 //   for (...) {
 //     monitor.BeginStep(step, cursor, batch);
 //     ... forward, backward ...
-//     capsule::StepReport r = monitor.EndStep({.loss = loss, .grad_norm = gn, .learning_rate = lr});
-//     if (r.triggered) std::cerr << r.summary << "\n";
-//     optimizer.step();
+//     capsule::StepReport r = monitor.EndStep({.loss = loss, .grad_norm = gn, .learning_rate =
+//     lr}); if (r.triggered) std::cerr << r.summary << "\n"; optimizer.step();
 //   }
 //
 // Thread safety: a Monitor is used from the training thread only.
@@ -35,11 +34,11 @@
 #include <string>
 #include <vector>
 
+#include "capsule/base/status.h"
+#include "capsule/format/signing.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
 #include "capsule/probe/rng_state.h"
-#include "capsule/format/signing.h"
-#include "capsule/base/status.h"
 
 namespace capsule {
 

@@ -5,7 +5,6 @@
 #define CAPSULE_CLI_COMMANDS_H_
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <optional>
 #include <string>

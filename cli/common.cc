@@ -4,9 +4,9 @@
 #include <ctime>
 #include <iostream>
 
+#include "capsule/base/file_util.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
-#include "capsule/base/file_util.h"
 #include "capsule/format/signing.h"
 
 namespace capsule::cli {
@@ -37,9 +37,9 @@ StatusOr<ReadOptions> MakeReadOptions(const std::vector<std::string>& pubkeys,
 }
 
 void AddTrustOptions(CLI::App* cmd, TrustOptions* trust) {
-  CLI::Option* pub = cmd->add_option("--pubkey", trust->pubkeys,
-                                     "Trusted public key (PEM); repeatable")
-                         ->check(CLI::ExistingFile);
+  CLI::Option* pub =
+      cmd->add_option("--pubkey", trust->pubkeys, "Trusted public key (PEM); repeatable")
+          ->check(CLI::ExistingFile);
   cmd->add_flag("--allow-unsigned", trust->allow_unsigned,
                 "Accept an unsigned capsule, or one whose signer is not given with --pubkey "
                 "(reported as such)")

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "capsule/format/capsule_reader.h"
 #include "capsule/base/status.h"
+#include "capsule/format/capsule_reader.h"
 
 namespace capsule::cli {
 

@@ -3,8 +3,8 @@
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/proto/capsule.pb.h"
 #include "capsule/report/diff.h"
 
 namespace capsule::cli {
@@ -27,7 +27,8 @@ int RunDiffCommand(const DiffCliOptions& o) {
   if (!a) return kExitError;
   auto b = LoadCapsule(o.b, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
   if (!b) return kExitError;
-  const std::vector<CapsuleDifference> diff = DiffCapsules(*a->decoded.capsule, *b->decoded.capsule);
+  const std::vector<CapsuleDifference> diff =
+      DiffCapsules(*a->decoded.capsule, *b->decoded.capsule);
   std::cout << (o.json ? RenderDiffJson(diff) : RenderDiffTable(diff));
   return diff.empty() ? kExitOk : kExitInvalid;
 }

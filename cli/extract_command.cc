@@ -1,15 +1,15 @@
 #include <iostream>
 
+#include "capsule/base/file_util.h"
+#include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
 #include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/extract.h"
 #include "capsule/replay/plugin_loader.h"
 
@@ -48,15 +48,16 @@ int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
   std::optional<LoadedCapsule> loaded =
       LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
   if (!loaded) return rc;
-  auto extract = ExtractLayer(*loaded->decoded.capsule, registry, {o.layer, Sha256Hex(loaded->bytes)});
+  auto extract =
+      ExtractLayer(*loaded->decoded.capsule, registry, {o.layer, Sha256Hex(loaded->bytes)});
   if (!extract.ok()) {
     PrintError(extract.status());
     return kExitError;
   }
   WriteOptions write;
   write.signing_key = &*key;
-  write.optional_flags =
-      kOptionalFlagExtract | (loaded->decoded.envelope.header.optional_flags & kOptionalFlagRedacted);
+  write.optional_flags = kOptionalFlagExtract |
+                         (loaded->decoded.envelope.header.optional_flags & kOptionalFlagRedacted);
   Status s = WriteCapsuleFile(o.out, *extract, write);
   if (!s.ok()) {
     PrintError(s.WithContext(o.out));

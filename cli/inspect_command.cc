@@ -4,12 +4,12 @@
 #include <iostream>
 #include <sstream>
 
+#include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
-#include "capsule/base/sha256.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule::cli {
 namespace {
@@ -30,8 +30,8 @@ std::string EnvelopeJson(const EnvelopeInfo& e) {
      << ",\"required_flags\":" << e.header.required_flags
      << ",\"optional_flags\":" << e.header.optional_flags
      << ",\"payload_size\":" << e.header.payload_size
-     << ",\"uncompressed_size\":" << e.header.uncompressed_size
-     << ",\"file_size\":" << e.file_size << ",\"signature_algorithm\":\""
+     << ",\"uncompressed_size\":" << e.header.uncompressed_size << ",\"file_size\":" << e.file_size
+     << ",\"signature_algorithm\":\""
      << (e.signature_algorithm == kSigAlgEd25519 ? "ed25519" : "none") << "\""
      << ",\"signature\":\"" << SignatureStateName(e.signature) << "\""
      << ",\"signer_key_id\":"
@@ -65,9 +65,8 @@ void PrintSummary(const std::string& file, const DecodedCapsule& d, std::ostream
         << FormatDouble(t.rerun_observed()) << ")\n";
   }
   if (c.step().history_size() > 0) {
-    out << "  history: " << c.step().history_size() << " steps, "
-        << c.step().history(0).step() << ".." << c.step().history(c.step().history_size() - 1).step()
-        << "\n";
+    out << "  history: " << c.step().history_size() << " steps, " << c.step().history(0).step()
+        << ".." << c.step().history(c.step().history_size() - 1).step() << "\n";
   }
 
   if (!c.model().registry_name().empty()) {
@@ -90,9 +89,9 @@ void PrintSummary(const std::string& file, const DecodedCapsule& d, std::ostream
     for (const auto& s : data.sequences()) {
       tokens += s.token_ids_size() > 0 ? s.token_ids_size() : s.token_count();
     }
-    out << "data: " << data.sequences_size() << " sequences, " << tokens
-        << " tokens; cursor epoch " << data.cursor().epoch() << " shard " << data.cursor().shard()
-        << " offset " << data.cursor().offset() << "\n";
+    out << "data: " << data.sequences_size() << " sequences, " << tokens << " tokens; cursor epoch "
+        << data.cursor().epoch() << " shard " << data.cursor().shard() << " offset "
+        << data.cursor().offset() << "\n";
   }
   if (c.rng().generators_size() > 0) {
     out << "rng:";

@@ -1,16 +1,16 @@
 #include <iostream>
 
+#include "capsule/base/file_util.h"
+#include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/base/file_util.h"
 #include "capsule/format/redact.h"
-#include "capsule/base/sha256.h"
 #include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule::cli {
 

@@ -6,14 +6,14 @@
 #include <iostream>
 #include <sstream>
 
+#include "capsule/base/file_util.h"
+#include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
-#include "capsule/base/file_util.h"
+#include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
-#include "capsule/base/sha256.h"
 #include "capsule/replay/plugin_loader.h"
 #include "capsule/replay/replayer.h"
 
@@ -109,8 +109,7 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("--weights", options->weights,
                   "Capsule holding all weights, when this one does not embed them")
       ->check(CLI::ExistingFile);
-  cmd->add_flag("--force", options->force,
-                "Replay despite a torch version or model hash mismatch");
+  cmd->add_flag("--force", options->force, "Replay despite a torch version or model hash mismatch");
   cmd->add_option("--phase", options->phase, "Layerwise phases to compare")
       ->check(CLI::IsMember({"forward", "backward", "both"}));
   cmd->add_option("--bisect", options->bisect,

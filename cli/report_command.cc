@@ -1,13 +1,13 @@
 #include <iostream>
 
+#include "capsule/base/file_util.h"
+#include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
-#include "capsule/base/file_util.h"
+#include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
-#include "capsule/base/sha256.h"
 #include "capsule/report/report.h"
 
 namespace capsule::cli {
@@ -57,8 +57,8 @@ int RunReportCommand(const ReportCliOptions& o) {
   }
   report_options.file_name = o.file;
   report_options.file_sha256 = Sha256Hex(loaded->bytes);
-  const ReportModel model =
-      BuildReportModel(*loaded->decoded.capsule, loaded->decoded.envelope, replay.get(), report_options);
+  const ReportModel model = BuildReportModel(*loaded->decoded.capsule, loaded->decoded.envelope,
+                                             replay.get(), report_options);
   const std::string text = o.format == "html"   ? RenderHtml(model)
                            : o.format == "json" ? RenderJson(model)
                                                 : RenderMarkdown(model);

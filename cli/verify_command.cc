@@ -1,10 +1,10 @@
 #include <iostream>
 
+#include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
-#include "capsule/base/sha256.h"
 
 namespace capsule::cli {
 

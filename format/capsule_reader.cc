@@ -4,10 +4,10 @@
 #include <climits>
 #include <new>
 
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/base/file_util.h"
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/format/validate.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
 
@@ -33,7 +33,8 @@ StatusOr<DecodedCapsule> DecodeCapsule(std::string_view bytes, const ReadOptions
   // Uninitialised on purpose: zstd writes every byte, and a zero-fill pass would cost as much as
   // the decompression of incompressible tensor data.
   std::unique_ptr<char[]> serialized(new (std::nothrow) char[size == 0 ? 1 : size]);
-  if (!serialized) return ResourceExhaustedError("cannot allocate " + std::to_string(size) + " bytes");
+  if (!serialized)
+    return ResourceExhaustedError("cannot allocate " + std::to_string(size) + " bytes");
   CAPSULE_RETURN_IF_ERROR(internal::ZstdDecompressInto(env.payload, serialized.get(), size,
                                                        options.max_uncompressed_bytes));
   DecodedCapsule out;

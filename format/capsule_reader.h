@@ -28,9 +28,9 @@
 #include <string_view>
 #include <vector>
 
+#include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/envelope.h"
-#include "capsule/base/status.h"
 
 namespace capsule {
 

@@ -1,20 +1,19 @@
 #include "capsule/format/capsule_writer.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
 #include <cctype>
 #include <climits>
 #include <memory>
 #include <new>
 
-#include "capsule/proto/capsule.pb.h"
-#include "capsule/format/envelope.h"
 #include "capsule/base/file_util.h"
+#include "capsule/format/envelope.h"
+#include "capsule/format/envelope_format.h"
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/format/validate.h"
-
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-
-#include "capsule/format/envelope_format.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
 
@@ -32,7 +31,8 @@ StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptio
                                   "tensors (weight policy) or lower the size cap");
   }
   std::unique_ptr<char[]> serialized(new (std::nothrow) char[size == 0 ? 1 : size]);
-  if (!serialized) return ResourceExhaustedError("cannot allocate " + std::to_string(size) + " bytes");
+  if (!serialized)
+    return ResourceExhaustedError("cannot allocate " + std::to_string(size) + " bytes");
   {
     // Deterministic serialization orders map entries; without it two encodes of one message can
     // differ, and byte-identical re-encoding is a format promise.
@@ -51,10 +51,9 @@ StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptio
   std::string out;
   out.reserve(kHeaderSizeV1 + bound + kTrailerFixedSize + kEd25519SignatureSize);
   out.resize(kHeaderSizeV1 + bound);
-  CAPSULE_ASSIGN_OR_RETURN(
-      size_t frame_size,
-      internal::ZstdCompressInto(std::string_view(serialized.get(), size), &out[kHeaderSizeV1],
-                                 bound, copts));
+  CAPSULE_ASSIGN_OR_RETURN(size_t frame_size,
+                           internal::ZstdCompressInto(std::string_view(serialized.get(), size),
+                                                      &out[kHeaderSizeV1], bound, copts));
   out.resize(kHeaderSizeV1 + frame_size);
   SealOptions seal;
   seal.signing_key = options.signing_key;

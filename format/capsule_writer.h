@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <string>
 
+#include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/signing.h"
-#include "capsule/base/status.h"
 
 namespace capsule {
 

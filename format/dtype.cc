@@ -27,17 +27,28 @@ int DTypeElementSize(int dtype) {
 
 std::string DTypeName(int dtype) {
   switch (dtype) {
-    case v1::FLOAT64: return "float64";
-    case v1::FLOAT32: return "float32";
-    case v1::BFLOAT16: return "bfloat16";
-    case v1::FLOAT16: return "float16";
-    case v1::INT64: return "int64";
-    case v1::INT32: return "int32";
-    case v1::INT16: return "int16";
-    case v1::INT8: return "int8";
-    case v1::UINT8: return "uint8";
-    case v1::BOOL: return "bool";
-    default: return "unspecified";
+    case v1::FLOAT64:
+      return "float64";
+    case v1::FLOAT32:
+      return "float32";
+    case v1::BFLOAT16:
+      return "bfloat16";
+    case v1::FLOAT16:
+      return "float16";
+    case v1::INT64:
+      return "int64";
+    case v1::INT32:
+      return "int32";
+    case v1::INT16:
+      return "int16";
+    case v1::INT8:
+      return "int8";
+    case v1::UINT8:
+      return "uint8";
+    case v1::BOOL:
+      return "bool";
+    default:
+      return "unspecified";
   }
 }
 

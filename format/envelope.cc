@@ -125,8 +125,9 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
   if ((h.required_flags & ~kKnownRequiredFlags) != 0) {
     char hex[16];
     std::snprintf(hex, sizeof(hex), "0x%08x", h.required_flags & ~kKnownRequiredFlags);
-    return UnimplementedError(std::string("capsule needs features this reader lacks (required flags ") +
-                              hex + "); upgrade capsule");
+    return UnimplementedError(
+        std::string("capsule needs features this reader lacks (required flags ") + hex +
+        "); upgrade capsule");
   }
   h.header_size = LoadLe32(&file[kOffHeaderSize]);
   h.optional_flags = LoadLe32(&file[kOffOptionalFlags]);
@@ -188,7 +189,8 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
       }
       if (!options.allow_unsigned) {
         return UnauthenticatedError(
-            "capsule is unsigned, so it cannot be verified (inspect and replay read it with --allow-unsigned)");
+            "capsule is unsigned, so it cannot be verified (inspect and replay read it with "
+            "--allow-unsigned)");
       }
       env.info.signature = SignatureState::kUnsigned;
       break;
@@ -220,8 +222,7 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     }
     default:
       return UnimplementedError("unknown signature algorithm " +
-                                std::to_string(env.info.signature_algorithm) +
-                                "; upgrade capsule");
+                                std::to_string(env.info.signature_algorithm) + "; upgrade capsule");
   }
   return env;
 }

@@ -19,9 +19,9 @@
 #include <string_view>
 #include <vector>
 
+#include "capsule/base/status.h"
 #include "capsule/format/envelope_format.h"
 #include "capsule/format/signing.h"
-#include "capsule/base/status.h"
 
 namespace capsule {
 

@@ -15,10 +15,16 @@ namespace capsule {
 
 // "\x89CPS\r\n\x1a\n": high first byte (not text, survives no 7-bit channel), CR-LF and LF catch
 // newline translation, 0x1a stops a DOS `type`. Same reasoning as PNG's signature.
-inline constexpr std::string_view kMagic("\x89" "CPS\r\n\x1a\n", 8);
+inline constexpr std::string_view kMagic(
+    "\x89"
+    "CPS\r\n\x1a\n",
+    8);
 inline constexpr size_t kMagicSize = 8;
 // Last 8 bytes of every capsule: a truncated file lacks them.
-inline constexpr std::string_view kEndMagic("\x89" "CPSEND\n", 8);
+inline constexpr std::string_view kEndMagic(
+    "\x89"
+    "CPSEND\n",
+    8);
 
 inline constexpr uint16_t kFormatMajor = 1;
 inline constexpr uint16_t kFormatMinor = 0;
@@ -40,16 +46,16 @@ inline constexpr size_t kOffHeaderReserved = 44;
 // Required flags: a reader refuses a capsule with a bit it does not know. None defined in 1.0.
 inline constexpr uint32_t kKnownRequiredFlags = 0;
 // Optional flags: a reader ignores bits it does not know.
-inline constexpr uint32_t kOptionalFlagRedacted = 1u << 0;     // made by `capsule redact`
-inline constexpr uint32_t kOptionalFlagHasWeights = 1u << 1;   // embeds all model weights
-inline constexpr uint32_t kOptionalFlagExtract = 1u << 2;      // a single-layer extract
+inline constexpr uint32_t kOptionalFlagRedacted = 1u << 0;    // made by `capsule redact`
+inline constexpr uint32_t kOptionalFlagHasWeights = 1u << 1;  // embeds all model weights
+inline constexpr uint32_t kOptionalFlagExtract = 1u << 2;     // a single-layer extract
 
 inline constexpr uint32_t kPayloadCodecZstd = 1;
 
 // Trailer: sig_alg u16, sig_size u16, reserved u32, key_id[32], digest[32], signature[sig_size],
 // trailer_size u32, end magic[8].
 inline constexpr size_t kTrailerFixedSize = 2 + 2 + 4 + 32 + 32 + 4 + 8;  // 84
-inline constexpr size_t kTrailerTailSize = 4 + 8;                         // trailer_size + end magic
+inline constexpr size_t kTrailerTailSize = 4 + 8;  // trailer_size + end magic
 inline constexpr uint16_t kSigAlgNone = 0;
 inline constexpr uint16_t kSigAlgEd25519 = 1;
 

@@ -7,8 +7,8 @@
 #include <unordered_set>
 #include <utility>
 
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/base/sha256.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
 namespace {

@@ -30,8 +30,8 @@
 #include <string_view>
 #include <vector>
 
-#include "capsule/format/capsule_fwd.h"
 #include "capsule/base/status.h"
+#include "capsule/format/capsule_fwd.h"
 
 namespace capsule {
 

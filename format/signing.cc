@@ -112,8 +112,8 @@ StatusOr<std::string> PrivateKey::ToPem() const {
       EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(raw_.data()), raw_.size()));
   if (!pkey) return InvalidArgumentError("not a usable Ed25519 private key: " + OpenSslError());
   BioPtr bio(BIO_new(BIO_s_mem()));
-  if (!bio || PEM_write_bio_PrivateKey(bio.get(), pkey.get(), nullptr, nullptr, 0, nullptr,
-                                       nullptr) != 1) {
+  if (!bio ||
+      PEM_write_bio_PrivateKey(bio.get(), pkey.get(), nullptr, nullptr, 0, nullptr, nullptr) != 1) {
     return InternalError("cannot write the private key PEM: " + OpenSslError());
   }
   std::string pem = BioToString(bio.get());
@@ -224,9 +224,9 @@ Status Verify(const PublicKey& key, std::string_view message, std::string_view s
   if (signature.size() != kEd25519SignatureSize) {
     return UnauthenticatedError("bad signature (wrong length)");
   }
-  PkeyPtr pkey(EVP_PKEY_new_raw_public_key(
-      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(key.raw().data()),
-      key.raw().size()));
+  PkeyPtr pkey(EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr,
+                                           reinterpret_cast<const unsigned char*>(key.raw().data()),
+                                           key.raw().size()));
   if (!pkey) return InvalidArgumentError("not a usable Ed25519 public key: " + OpenSslError());
   std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> ctx(EVP_MD_CTX_new());
   if (!ctx || EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) != 1) {

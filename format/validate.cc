@@ -1,13 +1,13 @@
 #include "capsule/format/validate.h"
 
+#include <google/protobuf/descriptor.h>
+
 #include <set>
 #include <vector>
 
-#include <google/protobuf/descriptor.h>
-
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/dtype.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
 namespace {

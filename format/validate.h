@@ -12,8 +12,8 @@
 #ifndef CAPSULE_FORMAT_VALIDATE_H_
 #define CAPSULE_FORMAT_VALIDATE_H_
 
-#include "capsule/format/capsule_fwd.h"
 #include "capsule/base/status.h"
+#include "capsule/format/capsule_fwd.h"
 
 namespace capsule {
 

@@ -1,10 +1,10 @@
 // LayerSequence: how a model is described to capsule.
 //
-// LibTorch's C++ nn::Module has no forward hooks, so a model that wants per-layer capture, layerwise
-// replay and bisection describes one execution path as an explicit sequence of layers. Layer i
-// consumes the outputs of layer i-1 (layer 0 consumes {batch.input_ids}); the last layer returns
-// {loss} (a scalar). Side inputs every layer may need (labels, masks) come in the LayerBatch.
-// Names are module paths: "embed", "blocks.3", "ln_f", "lm_head", "loss".
+// LibTorch's C++ nn::Module has no forward hooks, so a model that wants per-layer capture,
+// layerwise replay and bisection describes one execution path as an explicit sequence of layers.
+// Layer i consumes the outputs of layer i-1 (layer 0 consumes {batch.input_ids}); the last layer
+// returns {loss} (a scalar). Side inputs every layer may need (labels, masks) come in the
+// LayerBatch. Names are module paths: "embed", "blocks.3", "ln_f", "lm_head", "loss".
 //
 //   capsule::LayerBatch batch{input_ids, labels};
 //   capsule::TensorList x = {batch.input_ids};
@@ -36,12 +36,12 @@ const char* PathKindName(PathKind kind);  // "reference" / "optimized"
 
 // The batch-level inputs of one step, shared by every layer.
 struct LayerBatch {
-  at::Tensor input_ids;       // int64 [batch, seq]
-  at::Tensor labels;          // int64 [batch, seq]; targets per position (see labels_shifted)
-  at::Tensor attention_mask;  // optional: [batch, seq] 0/1
-  at::Tensor loss_mask;       // optional: [batch, seq] 0/1
-  bool labels_shifted = true; // labels[i] is the target of position i
-  bool training = true;       // dropout and friends on
+  at::Tensor input_ids;        // int64 [batch, seq]
+  at::Tensor labels;           // int64 [batch, seq]; targets per position (see labels_shifted)
+  at::Tensor attention_mask;   // optional: [batch, seq] 0/1
+  at::Tensor loss_mask;        // optional: [batch, seq] 0/1
+  bool labels_shifted = true;  // labels[i] is the target of position i
+  bool training = true;        // dropout and friends on
 };
 
 class LayerSequence {

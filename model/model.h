@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "capsule/model/layer_sequence.h"
 #include "capsule/base/status.h"
+#include "capsule/model/layer_sequence.h"
 
 namespace capsule {
 

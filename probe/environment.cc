@@ -12,17 +12,18 @@
 #include <set>
 #include <sstream>
 
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/version.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
 namespace {
 
 // CPU flags that decide which kernels run (and so the last bits of a result).
 const std::set<std::string>& KernelFlags() {
-  static const std::set<std::string> flags = {
-      "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-      "avx512_vnni", "amx_bf16", "amx_tile", "sha_ni", "asimd", "sve"};
+  static const std::set<std::string> flags = {"sse4_2",      "avx",         "avx2",     "fma",
+                                              "f16c",        "avx512f",     "avx512bw", "avx512vl",
+                                              "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile",
+                                              "sha_ni",      "asimd",       "sve"};
   return flags;
 }
 

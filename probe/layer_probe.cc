@@ -111,10 +111,10 @@ StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
       if (rec.has_backward && !rec.backward.finite()) {
         r.first_anomalous = rec.index + 1;
         r.anomaly_phase = AnomalyPhase::kBackward;
-        r.anomaly_reason = DescribeNonFinite(rec.backward, ("gradient of " + rec.name +
-                                                            "'s output, from " +
-                                                            r.layers[rec.index + 1].name +
-                                                            "'s backward").c_str());
+        r.anomaly_reason =
+            DescribeNonFinite(rec.backward, ("gradient of " + rec.name + "'s output, from " +
+                                             r.layers[rec.index + 1].name + "'s backward")
+                                                .c_str());
         break;
       }
     }

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "capsule/probe/health_stats.h"
-#include "capsule/model/layer_sequence.h"
 #include "capsule/base/status.h"
+#include "capsule/model/layer_sequence.h"
+#include "capsule/probe/health_stats.h"
 
 namespace capsule {
 
@@ -30,7 +30,7 @@ struct LayerRecord {
   at::Tensor output;    // the layer's first output
   HealthStats forward;  // of `output`
   bool has_backward = false;
-  at::Tensor grad;      // d loss / d output (undefined when output does not require grad)
+  at::Tensor grad;  // d loss / d output (undefined when output does not require grad)
   HealthStats backward;
 };
 

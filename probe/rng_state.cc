@@ -70,8 +70,8 @@ Status RestoreTorchRngs(const std::vector<RngBlobData>& blobs) {
         return FailedPreconditionError("capsule has RNG state for " + b.device +
                                        " but this host has no such device");
       }
-      CAPSULE_RETURN_IF_ERROR(
-          SetStateBytes(at::detail::getCUDAHooks().getDefaultCUDAGenerator(index), b.state, b.name));
+      CAPSULE_RETURN_IF_ERROR(SetStateBytes(
+          at::detail::getCUDAHooks().getDefaultCUDAGenerator(index), b.state, b.name));
     }
   }
   return Status::Ok();

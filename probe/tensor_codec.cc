@@ -5,42 +5,64 @@
 
 #include <cstring>
 
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/dtype.h"
 #include "capsule/format/validate.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
 
 int DTypeFromScalarType(at::ScalarType type) {
   switch (type) {
-    case at::kDouble: return v1::FLOAT64;
-    case at::kFloat: return v1::FLOAT32;
-    case at::kBFloat16: return v1::BFLOAT16;
-    case at::kHalf: return v1::FLOAT16;
-    case at::kLong: return v1::INT64;
-    case at::kInt: return v1::INT32;
-    case at::kShort: return v1::INT16;
-    case at::kChar: return v1::INT8;
-    case at::kByte: return v1::UINT8;
-    case at::kBool: return v1::BOOL;
-    default: return v1::DTYPE_UNSPECIFIED;
+    case at::kDouble:
+      return v1::FLOAT64;
+    case at::kFloat:
+      return v1::FLOAT32;
+    case at::kBFloat16:
+      return v1::BFLOAT16;
+    case at::kHalf:
+      return v1::FLOAT16;
+    case at::kLong:
+      return v1::INT64;
+    case at::kInt:
+      return v1::INT32;
+    case at::kShort:
+      return v1::INT16;
+    case at::kChar:
+      return v1::INT8;
+    case at::kByte:
+      return v1::UINT8;
+    case at::kBool:
+      return v1::BOOL;
+    default:
+      return v1::DTYPE_UNSPECIFIED;
   }
 }
 
 StatusOr<at::ScalarType> ScalarTypeFromDType(int dtype) {
   switch (dtype) {
-    case v1::FLOAT64: return at::kDouble;
-    case v1::FLOAT32: return at::kFloat;
-    case v1::BFLOAT16: return at::kBFloat16;
-    case v1::FLOAT16: return at::kHalf;
-    case v1::INT64: return at::kLong;
-    case v1::INT32: return at::kInt;
-    case v1::INT16: return at::kShort;
-    case v1::INT8: return at::kChar;
-    case v1::UINT8: return at::kByte;
-    case v1::BOOL: return at::kBool;
-    default: return InvalidArgumentError("unsupported tensor dtype " + std::to_string(dtype));
+    case v1::FLOAT64:
+      return at::kDouble;
+    case v1::FLOAT32:
+      return at::kFloat;
+    case v1::BFLOAT16:
+      return at::kBFloat16;
+    case v1::FLOAT16:
+      return at::kHalf;
+    case v1::INT64:
+      return at::kLong;
+    case v1::INT32:
+      return at::kInt;
+    case v1::INT16:
+      return at::kShort;
+    case v1::INT8:
+      return at::kChar;
+    case v1::UINT8:
+      return at::kByte;
+    case v1::BOOL:
+      return at::kBool;
+    default:
+      return InvalidArgumentError("unsupported tensor dtype " + std::to_string(dtype));
   }
 }
 

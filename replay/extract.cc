@@ -8,21 +8,21 @@
 #include <map>
 #include <set>
 
+#include "capsule/base/sha256.h"
+#include "capsule/format/version.h"
 #include "capsule/probe/environment.h"
 #include "capsule/probe/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
-#include "capsule/base/sha256.h"
 #include "capsule/replay/internal/capsule_inputs.h"
-#include "capsule/format/version.h"
 
 namespace capsule {
 namespace {
 
 using TensorListT = std::vector<at::Tensor>;
 using internal::CastTo;
-using internal::FindTensor;
 using internal::FillComparison;
+using internal::FindTensor;
 using internal::FromTorch;
 
 // Layerwise comparisons run with training off (replayer.cc): dropout masks differ by path.

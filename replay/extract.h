@@ -21,8 +21,8 @@
 
 #include <string>
 
-#include "capsule/format/capsule_fwd.h"
 #include "capsule/base/status.h"
+#include "capsule/format/capsule_fwd.h"
 #include "capsule/replay/model_registry.h"
 #include "capsule/replay/replayer.h"
 

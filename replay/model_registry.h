@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "capsule/model/model.h"
 #include "capsule/base/status.h"
+#include "capsule/model/model.h"
 
 namespace capsule {
 

@@ -10,16 +10,16 @@
 #include <map>
 
 #include "capsule/bisect/search.h"
+#include "capsule/format/capsule_reader.h"
 #include "capsule/probe/environment.h"
 #include "capsule/probe/hashing.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/probe/rng_state.h"
 #include "capsule/probe/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
-#include "capsule/format/capsule_reader.h"
 #include "capsule/proto/replay_report.pb.h"
-#include "capsule/replay/internal/capsule_inputs.h"
 #include "capsule/replay/extract.h"
+#include "capsule/replay/internal/capsule_inputs.h"
 
 namespace capsule {
 
@@ -99,8 +99,9 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
                             "…, the capsule was recorded with " +
                             c.identity().model_sha256().substr(0, 16) + "…";
     if (!options.force) {
-      return FailedPreconditionError(msg + "; these are another model's weights (--force to "
-                                           "replay anyway)");
+      return FailedPreconditionError(msg +
+                                     "; these are another model's weights (--force to "
+                                     "replay anyway)");
     }
     report.add_warnings(msg);
   }
@@ -130,7 +131,7 @@ bool IsLogits(const at::Tensor& t, size_t i, size_t n) {
 }
 
 struct ReferenceRun {
-  std::vector<LayerRecord> layers;  // inputs and first output of each layer, and output grads
+  std::vector<LayerRecord> layers;   // inputs and first output of each layer, and output grads
   std::vector<TensorListT> outputs;  // full outputs of each layer (no grad)
   double loss = 0;
   bool anomalous = false;
@@ -169,10 +170,9 @@ Status CompareForward(Model& model, const ReferenceRun& ref_run, const LayerBatc
       return FromTorch(e, "optimized layer " + opt.name(i));
     }
     const at::Tensor& reference = ref_run.outputs[i].at(0);
-    CAPSULE_ASSIGN_OR_RETURN(
-        TensorComparison cmp,
-        CompareTensors(out.at(0), reference, opt.name(i), options.compare,
-                       IsLogits(reference, i, n)));
+    CAPSULE_ASSIGN_OR_RETURN(TensorComparison cmp,
+                             CompareTensors(out.at(0), reference, opt.name(i), options.compare,
+                                            IsLogits(reference, i, n)));
     v1::LayerComparison& lc = *report.add_layers();
     lc.set_index(static_cast<int>(i));
     lc.set_name(opt.name(i));
@@ -199,7 +199,8 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
     TensorListT in = CastTo(ref_run.layers[i].inputs, dtype, /*requires_grad=*/true);
     std::vector<NamedTensor> wrt;
     for (size_t k = 0; k < in.size(); ++k) {
-      if (in[k].defined() && in[k].requires_grad()) wrt.emplace_back("input." + std::to_string(k), in[k]);
+      if (in[k].defined() && in[k].requires_grad())
+        wrt.emplace_back("input." + std::to_string(k), in[k]);
     }
     for (const NamedTensor& p : seq.LayerParameters(i)) {
       if (p.second.requires_grad()) wrt.push_back(p);
@@ -210,8 +211,8 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
       if (!out.at(0).requires_grad()) return std::vector<NamedTensor>{};
       TensorListT tensors;
       for (const auto& w : wrt) tensors.push_back(w.second);
-      const at::Tensor g = upstream.defined() ? upstream.detach().to(out[0].scalar_type())
-                                              : at::ones_like(out[0]);
+      const at::Tensor g =
+          upstream.defined() ? upstream.detach().to(out[0].scalar_type()) : at::ones_like(out[0]);
       TensorListT grads = torch::autograd::grad({out[0]}, tensors, {g}, /*retain_graph=*/false,
                                                 /*create_graph=*/false, /*allow_unused=*/true);
       std::vector<NamedTensor> named;
@@ -231,9 +232,9 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
     std::string worst_name;
     for (size_t k = 0; k < ref_grads.size() && k < opt_grads.size(); ++k) {
       if (!ref_grads[k].second.defined() || !opt_grads[k].second.defined()) continue;
-      CAPSULE_ASSIGN_OR_RETURN(TensorComparison cmp,
-                               CompareTensors(opt_grads[k].second, ref_grads[k].second,
-                                              opt.name(i), compare));
+      CAPSULE_ASSIGN_OR_RETURN(
+          TensorComparison cmp,
+          CompareTensors(opt_grads[k].second, ref_grads[k].second, opt.name(i), compare));
       if (!worst || Worse(cmp, *worst)) {
         worst = cmp;
         worst_name = opt_grads[k].first;
@@ -274,9 +275,8 @@ Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& ba
   LayerSequence& opt = model.Path(PathKind::kOptimized);
   const size_t n = opt.size();
   CompareOptions oracle_opts;
-  oracle_opts.tolerance = options.bisect_tolerance
-                              ? *options.bisect_tolerance
-                              : DefaultBisectTolerance(opt.compute_dtype());
+  oracle_opts.tolerance = options.bisect_tolerance ? *options.bisect_tolerance
+                                                   : DefaultBisectTolerance(opt.compute_dtype());
   // Compared outputs: the loss and, when there is one, the last non-scalar output (the logits).
   std::vector<size_t> compared = {n - 1};
   if (n >= 2 && ref_run.outputs[n - 2].at(0).dim() >= 1) compared.push_back(n - 2);
@@ -289,8 +289,8 @@ Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& ba
     probe.set_k(static_cast<int>(k));
     bool bad = false;
     for (size_t j : compared) {
-      auto cmp = CompareTensors((*outs)[j].at(0), ref_run.outputs[j].at(0), opt.name(j),
-                                oracle_opts);
+      auto cmp =
+          CompareTensors((*outs)[j].at(0), ref_run.outputs[j].at(0), opt.name(j), oracle_opts);
       if (!cmp.ok()) return bisect::ProbeResult::Error(cmp.status().message());
       bad |= cmp->diverged;
       probe.set_max_rel_err(std::max(probe.max_rel_err(), cmp->max_rel_err));
@@ -347,9 +347,9 @@ void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayRepor
       fires = !run.error.empty();
       break;
     default:  // MANUAL: the step itself is the thing to reproduce
-      fires = std::isfinite(captured) ? std::fabs(replayed - captured) <=
-                                            1e-6 * std::max(1.0, std::fabs(captured))
-                                      : !std::isfinite(replayed);
+      fires = std::isfinite(captured)
+                  ? std::fabs(replayed - captured) <= 1e-6 * std::max(1.0, std::fabs(captured))
+                  : !std::isfinite(replayed);
       break;
   }
   // Bitwise: same value and the same forward stats at every layer.
@@ -376,8 +376,9 @@ void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayRepor
   };
   const std::string detail = std::string(grad ? "grad norm" : "loss") + ": captured " +
                              show(captured) + ", replayed " + show(replayed);
-  report.set_fidelity(!fires ? v1::NOT_REPRODUCED
-                             : exact ? v1::REPRODUCED_EXACT : v1::REPRODUCED_APPROX);
+  report.set_fidelity(!fires  ? v1::NOT_REPRODUCED
+                      : exact ? v1::REPRODUCED_EXACT
+                              : v1::REPRODUCED_APPROX);
   report.set_fidelity_detail(detail);
 }
 
@@ -430,9 +431,12 @@ void Diagnose(v1::ReplayReport& report) {
            "); suspect hardware, a race or a nondeterministic kernel, and rerun elsewhere";
   } else if (report.reference_anomalous()) {
     report.set_diagnosis(v1::DATA_OR_MODEL);
-    text = "data or model, not numerics: the FP64 reference path shows the same anomaly (reference "
-           "loss " + Fmt(report.reference_loss()) + "); look at the step's samples, masks, labels "
-           "and learning rate rather than skipping the batch";
+    text =
+        "data or model, not numerics: the FP64 reference path shows the same anomaly (reference "
+        "loss " +
+        Fmt(report.reference_loss()) +
+        "); look at the step's samples, masks, labels "
+        "and learning rate rather than skipping the batch";
   } else if (first != nullptr) {
     report.set_diagnosis(v1::NUMERICS);
     text = "numerics in the optimized path: first divergent layer " + first->name() + " (" +
@@ -443,13 +447,12 @@ void Diagnose(v1::ReplayReport& report) {
            ")";
     if (report.has_bisect() && !report.bisect().strategy().empty()) {
       const auto& b = report.bisect();
-      text += b.first_bad_layer() == first->name()
-                  ? "; " + b.strategy() + " confirms it in " + std::to_string(b.probes()) +
-                        " runs"
-                  : "; " + b.strategy() + " points at " +
-                        (b.first_bad_layer().empty() ? std::string("no layer")
-                                                     : b.first_bad_layer()) +
-                        " instead (errors may cancel downstream)";
+      text +=
+          b.first_bad_layer() == first->name()
+              ? "; " + b.strategy() + " confirms it in " + std::to_string(b.probes()) + " runs"
+              : "; " + b.strategy() + " points at " +
+                    (b.first_bad_layer().empty() ? std::string("no layer") : b.first_bad_layer()) +
+                    " instead (errors may cancel downstream)";
     }
   } else if (report.has_bisect() && !report.bisect().first_bad_layer().empty()) {
     // Layerwise comparison was off or passed, but composite runs still diverge.
@@ -461,8 +464,9 @@ void Diagnose(v1::ReplayReport& report) {
            std::to_string(report.bisect().probes()) + " composite runs";
   } else {
     report.set_diagnosis(v1::NO_DIVERGENCE);
-    text = "no divergence: the optimized and reference paths agree within tolerance on every "
-           "compared layer";
+    text =
+        "no divergence: the optimized and reference paths agree within tolerance on every "
+        "compared layer";
   }
   report.set_diagnosis_text(text);
 }
@@ -488,8 +492,8 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatch(c));
   batch.training = true;
 
-  const PathKind trainer_path = c.model().trainer_path() == v1::REFERENCE ? PathKind::kReference
-                                                                          : PathKind::kOptimized;
+  const PathKind trainer_path =
+      c.model().trainer_path() == v1::REFERENCE ? PathKind::kReference : PathKind::kOptimized;
   LayerSequence& opt = model->Path(PathKind::kOptimized);
   LayerSequence& ref = model->Path(PathKind::kReference);
   if (opt.size() != ref.size() || opt.size() == 0) {
@@ -519,7 +523,8 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   CAPSULE_ASSIGN_OR_RETURN(ReferenceRun ref_eval, RunReference(ref, eval, options.backward));
 
   // 3. Layerwise.
-  if (options.forward) CAPSULE_RETURN_IF_ERROR(CompareForward(*model, ref_eval, eval, options, report));
+  if (options.forward)
+    CAPSULE_RETURN_IF_ERROR(CompareForward(*model, ref_eval, eval, options, report));
   if (options.backward) {
     CAPSULE_RETURN_IF_ERROR(CompareBackward(*model, ref_eval, eval, options, report));
   }

@@ -32,8 +32,8 @@
 #include <optional>
 #include <string>
 
-#include "capsule/format/capsule_fwd.h"
 #include "capsule/base/status.h"
+#include "capsule/format/capsule_fwd.h"
 #include "capsule/replay/comparator.h"
 #include "capsule/replay/model_registry.h"
 
@@ -70,8 +70,7 @@ Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype);
 
 // kNotFound: model not registered; kFailedPrecondition: weights or environment mismatch without
 // force, tokens redacted, weights missing; kInvalidArgument: a capsule without what replay needs.
-StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& capsule,
-                                         const ModelRegistry& registry,
+StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& capsule, const ModelRegistry& registry,
                                          const ReplayOptions& options);
 
 }  // namespace capsule

@@ -7,8 +7,8 @@
 #include <set>
 #include <sstream>
 
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/base/sha256.h"
+#include "capsule/proto/capsule.pb.h"
 #include "capsule/report/internal/text.h"
 
 namespace capsule {

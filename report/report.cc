@@ -9,9 +9,9 @@
 #include <map>
 #include <sstream>
 
+#include "capsule/base/sha256.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
-#include "capsule/base/sha256.h"
 #include "capsule/report/internal/text.h"
 
 namespace capsule {

@@ -24,9 +24,9 @@
 #include <utility>
 #include <vector>
 
+#include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/envelope.h"
-#include "capsule/base/status.h"
 
 namespace capsule::v1 {
 class ReplayReport;

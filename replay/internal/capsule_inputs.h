@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "capsule/model/layer_sequence.h"
-#include "capsule/format/capsule_fwd.h"
 #include "capsule/base/status.h"
+#include "capsule/format/capsule_fwd.h"
+#include "capsule/model/layer_sequence.h"
 
 namespace capsule::v1 {
 class TensorBlob;

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "capsule/format/capsule_writer.h"
-#include "capsule/format/envelope.h"
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/envelope.h"
 
 namespace capsule::golden {
 namespace {
@@ -307,8 +307,8 @@ StatusOr<std::vector<GoldenFile>> MakeGoldenFiles(const PrivateKey& key, const P
   std::string bad_magic = minimal;
   bad_magic[1] = 'X';
   files.push_back({"invalid/bad_magic.capsule", bad_magic, StatusCode::kInvalidArgument});
-  files.push_back(
-      {"invalid/truncated.capsule", minimal.substr(0, minimal.size() / 2), StatusCode::kOutOfRange});
+  files.push_back({"invalid/truncated.capsule", minimal.substr(0, minimal.size() / 2),
+                   StatusCode::kOutOfRange});
 
   // Re-seal the same payload with a future version / an unknown required flag, properly signed:
   // only the version rule can reject them.
@@ -328,7 +328,8 @@ StatusOr<std::vector<GoldenFile>> MakeGoldenFiles(const PrivateKey& key, const P
   flagged.required_flags = 1u << 7;
   CAPSULE_ASSIGN_OR_RETURN(std::string flag_bytes,
                            SealEnvelope(env.payload, env.info.header.uncompressed_size, flagged));
-  files.push_back({"invalid/unknown_required_flag.capsule", flag_bytes, StatusCode::kUnimplemented});
+  files.push_back(
+      {"invalid/unknown_required_flag.capsule", flag_bytes, StatusCode::kUnimplemented});
 
   std::string flipped = full;
   flipped[kHeaderSizeV1 + env.payload.size() / 2] ^= 0x01;
@@ -336,7 +337,8 @@ StatusOr<std::vector<GoldenFile>> MakeGoldenFiles(const PrivateKey& key, const P
 
   WriteOptions other_opts;
   other_opts.signing_key = &other;
-  CAPSULE_ASSIGN_OR_RETURN(std::string other_bytes, EncodeCapsule(MakeMinimalCapsule(), other_opts));
+  CAPSULE_ASSIGN_OR_RETURN(std::string other_bytes,
+                           EncodeCapsule(MakeMinimalCapsule(), other_opts));
   files.push_back({"invalid/other_key.capsule", other_bytes, StatusCode::kUnauthenticated});
 
   // 1.5 GiB of zeros: over the default 1 GiB cap, refused before anything is allocated.

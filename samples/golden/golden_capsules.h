@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "capsule/proto/capsule.pb.h"
-#include "capsule/format/signing.h"
 #include "capsule/base/status.h"
+#include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule::golden {
 
@@ -31,9 +31,9 @@ v1::TensorBlob MakeFloatBlob(const std::string& name, const std::vector<int64_t>
 StatusOr<PrivateKey> LoadTestOnlyKey(const std::string& path);
 
 struct GoldenFile {
-  std::string name;      // relative path, e.g. "invalid/truncated.capsule"
+  std::string name;  // relative path, e.g. "invalid/truncated.capsule"
   std::string bytes;
-  StatusCode expected;   // what DecodeCapsule with the default limits and the test key returns
+  StatusCode expected;  // what DecodeCapsule with the default limits and the test key returns
 };
 
 // All golden files, valid and invalid, signed with `key` (and `other` for the wrong-signer case).

@@ -26,8 +26,8 @@
 #include <string>
 #include <string_view>
 
-#include "capsule/model/layer_sequence.h"
 #include "capsule/base/status.h"
+#include "capsule/model/layer_sequence.h"
 
 namespace capsule::tiny_gpt {
 

@@ -412,7 +412,9 @@ class WriteNanFunction : public torch::autograd::Function<WriteNanFunction> {
     return y;
   }
 
-  static variable_list backward(AutogradContext* /*ctx*/, variable_list grads) { return {grads[0]}; }
+  static variable_list backward(AutogradContext* /*ctx*/, variable_list grads) {
+    return {grads[0]};
+  }
 };
 
 void CheckFloating(const at::Tensor& t, const char* op) {

@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "capsule/base/status.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
-#include "capsule/base/status.h"
 #include "samples/tiny_gpt/faults.h"
 #include "samples/tiny_gpt/tiny_gpt_config.h"
 

@@ -17,8 +17,8 @@
 #include "capsule/capture/monitor.h"
 #include "capsule/cli/cli.h"
 #include "capsule/replay/model_registry.h"
-#include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/corpus_loader.h"
+#include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
 
 namespace capsule::tiny_gpt {
@@ -87,11 +87,13 @@ int RunTrain(const TrainOptions& o) {
   Monitor monitor(mo);
   monitor.AttachModel(&model, PathKind::kOptimized);
   IdentityInfo identity;
-  identity.files = {{"tokenizer", TokenizerPath()}, {"chat_template", ChatTemplatePath()},
+  identity.files = {{"tokenizer", TokenizerPath()},
+                    {"chat_template", ChatTemplatePath()},
                     {"corpus", CorpusPath()}};
   identity.config_text = config.ToJson();
   (void)monitor.SetIdentity(identity);  // failures are logged by the Monitor; training goes on
-  monitor.RegisterRng("sampler", [&loader] { return loader.SaveRngState(); }, o.seed);
+  monitor.RegisterRng(
+      "sampler", [&loader] { return loader.SaveRngState(); }, o.seed);
 
   LayerSequence& path = model.Path(PathKind::kOptimized);
   int64_t tokens_seen = 0;
@@ -104,7 +106,8 @@ int RunTrain(const TrainOptions& o) {
     capsule::DataCursor cursor{cb.cursor.epoch, cb.cursor.shard, cb.cursor.offset,
                                cb.cursor.sample_indices, "sampler"};
     StepBatch batch{cb.batch, cb.raw_text, {}, 0, tokens_seen};
-    for (int64_t i : cb.cursor.sample_indices) batch.sample_ids.push_back("byte:" + std::to_string(i));
+    for (int64_t i : cb.cursor.sample_indices)
+      batch.sample_ids.push_back("byte:" + std::to_string(i));
     monitor.BeginStep(step, cursor, batch);
 
     optimizer.zero_grad();
@@ -120,8 +123,8 @@ int RunTrain(const TrainOptions& o) {
     scalars.grad_norm = grad_norm;
     scalars.learning_rate = o.lr;
     StepReport report = failed.triggered ? failed : monitor.EndStep(scalars);
-    if (step == o.capture_at_step) report = monitor.CaptureNow("--capture-at-step " +
-                                                               std::to_string(step));
+    if (step == o.capture_at_step)
+      report = monitor.CaptureNow("--capture-at-step " + std::to_string(step));
     char line[160];
     std::snprintf(line, sizeof(line), "step %3lld  loss %.4f  grad_norm %.4f",
                   static_cast<long long>(step), loss, grad_norm);
@@ -163,12 +166,14 @@ int main(int argc, char** argv) {
   CLI::App app{"capsule-tiny-gpt: the tiny_gpt sample trainer with capsule's Monitor"};
   app.require_subcommand(1);
   TrainOptions o;
-  CLI::App* train = app.add_subcommand("train", "Train tiny_gpt; write a capsule when a step fails");
+  CLI::App* train =
+      app.add_subcommand("train", "Train tiny_gpt; write a capsule when a step fails");
   train->add_option("--steps", o.steps, "Training steps")->check(CLI::PositiveNumber);
   train->add_option("--layers", o.layers, "Transformer blocks")->check(CLI::Range(1, 64));
   train->add_option("--seed", o.seed, "Seed of the weights and the data sampler");
   train->add_option("--threads", o.threads, "Intra-op threads")->check(CLI::Range(1, 256));
-  train->add_option("--batch-size", o.batch_size, "Sequences per batch")->check(CLI::PositiveNumber);
+  train->add_option("--batch-size", o.batch_size, "Sequences per batch")
+      ->check(CLI::PositiveNumber);
   train->add_option("--lr", o.lr, "Adam learning rate");
   train->add_option("--capsule-dir", o.capsule_dir, "Where capsules are written");
   train->add_option("--key", o.key, "Ed25519 private key (PEM, mode 0600) to sign capsules");

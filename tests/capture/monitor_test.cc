@@ -16,12 +16,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/signing.h"
 #include "capsule/probe/hashing.h"
 #include "capsule/probe/rng_state.h"
 #include "capsule/probe/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
-#include "capsule/format/capsule_reader.h"
-#include "capsule/format/signing.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
 
@@ -493,7 +493,8 @@ TEST(CapsuleContent, NanFaultNamesTheLayerAndHoldsTheStep) {
   id.files = {{"tokenizer", tiny_gpt::TokenizerPath()}};
   id.config_text = h.config.ToJson();
   ASSERT_TRUE(m.SetIdentity(id).ok());
-  m.RegisterRng("sampler", [&] { return h.loader->SaveRngState(); }, 0);
+  m.RegisterRng(
+      "sampler", [&] { return h.loader->SaveRngState(); }, 0);
   std::vector<StepReport> reports;
   for (int64_t s = 0; s < 8; ++s) reports.push_back(h.Step(m, s));
   for (int64_t s = 0; s < 5; ++s) EXPECT_FALSE(reports[s].triggered) << s;

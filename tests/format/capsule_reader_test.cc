@@ -9,12 +9,12 @@
 #include <cstring>
 #include <limits>
 
-#include "capsule/proto/capsule.pb.h"
+#include "capsule/base/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/zstd_codec.h"
-#include "capsule/base/sha256.h"
 #include "capsule/format/internal/little_endian.h"
+#include "capsule/format/internal/zstd_codec.h"
+#include "capsule/proto/capsule.pb.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule::test {

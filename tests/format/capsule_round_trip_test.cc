@@ -7,13 +7,13 @@
 #include <functional>
 #include <utility>
 
-#include "capsule/proto/capsule.pb.h"
+#include "capsule/base/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/base/sha256.h"
 #include "capsule/format/internal/little_endian.h"
+#include "capsule/proto/capsule.pb.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule::test {

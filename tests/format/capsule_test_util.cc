@@ -8,9 +8,9 @@
 #include <functional>
 #include <set>
 
+#include "capsule/base/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/base/sha256.h"
 #include "capsule/format/internal/little_endian.h"
 
 namespace capsule::test {

@@ -24,11 +24,11 @@
 #include <string_view>
 #include <vector>
 
-#include "capsule/proto/capsule.pb.h"
+#include "capsule/base/status.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/signing.h"
-#include "capsule/base/status.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule::test {
 

@@ -13,9 +13,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "capsule/proto/capsule.pb.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
+#include "capsule/proto/capsule.pb.h"
 #include "tests/format/capsule_test_util.h"
 #include "tests/format/temp_dir.h"
 

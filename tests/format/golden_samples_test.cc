@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "capsule/proto/capsule.pb.h"
-#include "capsule/format/capsule_reader.h"
 #include "capsule/base/file_util.h"
+#include "capsule/format/capsule_reader.h"
 #include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
 namespace {

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "capsule/proto/capsule.pb.h"
+#include "capsule/base/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/base/sha256.h"
+#include "capsule/proto/capsule.pb.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule {

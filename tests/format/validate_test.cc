@@ -1,6 +1,5 @@
 // One case per ValidateCapsule rule (proto/validate.cc): each breaks one "must" of capsule.proto
 // in an otherwise valid full capsule and expects kInvalidArgument naming the field.
-#include "capsule/format/dtype.h"
 #include "capsule/format/validate.h"
 
 #include <gtest/gtest.h>
@@ -8,9 +7,10 @@
 #include <functional>
 #include <limits>
 
-#include "capsule/proto/capsule.pb.h"
-#include "capsule/format/capsule_writer.h"
 #include "capsule/base/sha256.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/dtype.h"
+#include "capsule/proto/capsule.pb.h"
 #include "tests/format/capsule_test_util.h"
 
 namespace capsule::test {

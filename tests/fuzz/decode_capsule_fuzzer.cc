@@ -9,14 +9,14 @@
 #include <optional>
 #include <string>
 
-#include "capsule/proto/capsule.pb.h"
+#include "capsule/base/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/zstd_codec.h"
-#include "capsule/base/sha256.h"
-#include "capsule/format/validate.h"
 #include "capsule/format/internal/little_endian.h"
+#include "capsule/format/internal/zstd_codec.h"
+#include "capsule/format/validate.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule::fuzz {
 using ::capsule::internal::LoadLe32;

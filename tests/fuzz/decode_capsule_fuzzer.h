@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <string_view>
 
+#include "capsule/base/status.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/signing.h"
-#include "capsule/base/status.h"
 
 namespace capsule::fuzz {
 

@@ -11,13 +11,13 @@
 #include <fstream>
 #include <string>
 
-#include "capsule/proto/capsule.pb.h"
+#include "capsule/base/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/zstd_codec.h"
-#include "capsule/base/sha256.h"
 #include "capsule/format/internal/little_endian.h"
+#include "capsule/format/internal/zstd_codec.h"
+#include "capsule/proto/capsule.pb.h"
 #include "tests/fuzz/decode_capsule_fuzzer.h"
 
 namespace capsule::fuzz {

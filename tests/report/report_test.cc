@@ -10,12 +10,12 @@
 #include <cstdlib>
 #include <string>
 
-#include "capsule/proto/capsule.pb.h"
-#include "capsule/format/capsule_reader.h"
 #include "capsule/base/file_util.h"
-#include "capsule/proto/replay_report.pb.h"
 #include "capsule/base/sha256.h"
+#include "capsule/format/capsule_reader.h"
 #include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/replay_report.pb.h"
 #include "capsule/report/diff.h"
 #include "samples/golden/golden_capsules.h"
 
