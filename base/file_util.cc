@@ -122,4 +122,21 @@ Status WriteFileAtomic(const std::string& path, std::string_view bytes,
   return Status::Ok();
 }
 
+Status MakeDirs(const std::string& dir, std::string_view what) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        return ErrnoError(errno, "cannot create " + std::string(what), partial);
+      }
+    }
+    if (i < dir.size()) partial += dir[i];
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return FailedPreconditionError(std::string(what) + " " + dir + " is not a directory");
+  }
+  return Status::Ok();
+}
+
 }  // namespace capsule

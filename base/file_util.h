@@ -1,4 +1,4 @@
-// Whole-file reads and crash-safe whole-file writes.
+// Whole-file reads, crash-safe whole-file writes, and directory creation.
 //
 // WriteFileAtomic writes NAME.partial, fsyncs it, renames it over NAME and fsyncs the directory,
 // so a crash or a kill at any point leaves either the old file or the new one under NAME, never a
@@ -28,6 +28,12 @@ struct AtomicWriteOptions {
 };
 Status WriteFileAtomic(const std::string& path, std::string_view bytes,
                        const AtomicWriteOptions& options = {});
+
+// Creates `dir` and any missing parents (mode 0755, less the umask); OK when it exists already.
+// `what` names the directory in messages ("cannot create capsule directory a/b: ..."). The codes
+// of ErrnoError for a component that cannot be created; kFailedPrecondition when `dir` exists and
+// is not a directory.
+Status MakeDirs(const std::string& dir, std::string_view what = "directory");
 
 }  // namespace capsule
 

@@ -1,5 +1,5 @@
-// Whole-file reads and crash-safe writes (proto/file_util.h), WriteCapsuleFile / ReadCapsuleFile,
-// and capsule file names.
+// Whole-file reads, crash-safe writes and directory creation (base/file_util.h), WriteCapsuleFile /
+// ReadCapsuleFile, and capsule file names.
 #include "capsule/base/file_util.h"
 
 #include <google/protobuf/util/message_differencer.h>
@@ -186,6 +186,22 @@ TEST_F(FileUtilTest, ReadFileBytes) {
                        "cannot open " + Path("missing")));
   EXPECT_TRUE(HasError(ReadFileBytes(dir_.path(), 10), StatusCode::kInvalidArgument,
                        "is not a regular file"));
+}
+
+TEST_F(FileUtilTest, MakeDirsCreatesParentsOnceAndRefusesAFile) {
+  const std::string deep = Path("a/b/c");
+  ASSERT_TRUE(MakeDirs(deep).ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(deep.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_TRUE(MakeDirs(deep).ok());  // already there
+  EXPECT_TRUE(MakeDirs(deep + "/").ok());
+  const std::string file = Path("plain");
+  std::ofstream(file) << "x";
+  EXPECT_TRUE(HasError(MakeDirs(file), StatusCode::kFailedPrecondition,
+                       "directory " + file + " is not a directory"));
+  EXPECT_TRUE(HasError(MakeDirs(file + "/sub", "capsule directory"), StatusCode::kNotFound,
+                       "cannot create capsule directory " + file + "/sub: "));
 }
 
 class CapsuleFileTest : public CapsuleBytesTest {
