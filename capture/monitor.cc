@@ -19,6 +19,7 @@
 #include "capsule/probe/hashing.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/probe/tensor_codec.h"
+#include "capsule/probe/trigger_rule.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
@@ -122,28 +123,6 @@ void FillScalars(int64_t step, const StepScalars& s, v1::StepScalars* out) {
   if (s.learning_rate) out->set_learning_rate(*s.learning_rate);
   if (s.weight_decay) out->set_weight_decay(*s.weight_decay);
   if (s.loss_scale) out->set_loss_scale(*s.loss_scale);
-}
-
-// Whether the re-run shows the same failure the trainer saw.
-bool Reproduces(TriggerKind kind, double observed, double threshold, const ProbeResult& r) {
-  switch (kind) {
-    case TriggerKind::kNonFiniteLoss:
-      return !std::isfinite(r.loss_value);
-    case TriggerKind::kNonFiniteGrad:
-      return r.backward_done && !std::isfinite(r.grad_norm);
-    case TriggerKind::kLossSpike:
-      return r.loss_value > threshold;
-    case TriggerKind::kGradNormSpike:
-      return r.backward_done && r.grad_norm > threshold;
-    case TriggerKind::kException:
-      return !r.error.empty();
-    case TriggerKind::kManual:
-      // Reproduced when the loss is bitwise the same (or both NaN).
-      return (std::isnan(observed) && std::isnan(r.loss_value)) || observed == r.loss_value;
-    case TriggerKind::kNone:
-      break;
-  }
-  return false;
 }
 
 std::string TriggerFileName(TriggerKind kind) { return TriggerKindName(kind); }
@@ -512,12 +491,11 @@ Status Monitor::BuildAndWrite(const Fired& fired, const std::string& message, St
       CAPSULE_RETURN_IF_ERROR(RestoreTorchRngs(after));
       if (!probe.ok()) return probe.status().WithContext("capture re-run");
       const ProbeResult& r = *probe;
-      const bool reproduced = Reproduces(fired.kind, fired.observed, fired.threshold, r);
+      const RerunOutcome outcome = RerunOutcomeOf(r);
+      const bool reproduced =
+          TriggerFiresAgain(fired.kind, fired.observed, fired.threshold, outcome);
       trig.set_capture_rerun(reproduced ? v1::RERUN_REPRODUCED : v1::RERUN_NOT_REPRODUCED);
-      trig.set_rerun_observed(fired.kind == TriggerKind::kNonFiniteGrad ||
-                                      fired.kind == TriggerKind::kGradNormSpike
-                                  ? r.grad_norm
-                                  : r.loss_value);
+      trig.set_rerun_observed(WatchedValue(fired.kind, outcome));
       report->rerun_reproduced = reproduced;
       if (!r.error.empty()) c.mutable_log()->set_error(r.error);
       for (const LayerRecord& rec : r.layers) {

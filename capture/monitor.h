@@ -5,11 +5,11 @@
 // Armed, it costs a few scalar checks per step plus a cheap snapshot at BeginStep (RNG states, the
 // data cursor and a copy of the batch's index tensors). Only when a trigger fires does it do real
 // work: it re-runs the failing step from the snapshot through the model's LayerSequence (same RNG,
-// batch and thread count) with per-layer instrumentation, records whether the re-run reproduces
-// the trigger, and writes the capsule atomically. The trainer's parameters, gradients and RNG
-// states are left exactly as they were. Nothing in here throws or aborts: a failed capture (no
-// key, unwritable directory, full disk, a model that throws) is reported in the StepReport and
-// the log, and the trainer carries on.
+// batch and thread count) with per-layer instrumentation, records whether the re-run fires the
+// trigger again (the rule replay uses too, probe/trigger_rule.h), and writes the capsule
+// atomically. The trainer's parameters, gradients and RNG states are left exactly as they were.
+// Nothing in here throws or aborts: a failed capture (no key, unwritable directory, full disk, a
+// model that throws) is reported in the StepReport and the log, and the trainer carries on.
 //
 //   capsule::Monitor monitor(options);
 //   monitor.AttachModel(&model, capsule::PathKind::kOptimized);
@@ -39,21 +39,14 @@
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
 #include "capsule/probe/rng_state.h"
+#include "capsule/probe/trigger_rule.h"
 
 namespace capsule {
 
 enum class WeightPolicy { kAll = 1, kAnomalousLayer = 2, kNone = 3 };  // = capsule.v1.WeightPolicy
 
-// capsule.v1.TriggerKind values.
-enum class TriggerKind {
-  kNone = 0,
-  kNonFiniteLoss = 1,
-  kLossSpike = 2,
-  kGradNormSpike = 3,
-  kNonFiniteGrad = 4,
-  kManual = 5,
-  kException = 6,
-};
+// TriggerKind (capsule.v1.TriggerKind values) and the rule for whether a re-run fires a trigger
+// again live in probe/trigger_rule.h, which replay shares.
 const char* TriggerKindName(TriggerKind kind);  // "NON_FINITE_LOSS", ...
 
 struct MonitorOptions {

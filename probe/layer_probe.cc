@@ -122,4 +122,13 @@ StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
   return r;
 }
 
+RerunOutcome RerunOutcomeOf(const ProbeResult& r) {
+  RerunOutcome o;
+  o.loss = r.loss_value;
+  o.grad_norm = r.grad_norm;
+  o.backward_done = r.backward_done;
+  o.threw = !r.error.empty();
+  return o;
+}
+
 }  // namespace capsule

@@ -20,6 +20,7 @@
 #include "capsule/base/status.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/probe/health_stats.h"
+#include "capsule/probe/trigger_rule.h"
 
 namespace capsule {
 
@@ -58,6 +59,9 @@ struct ProbeOptions {
 // reported in ProbeResult::error with the layers that ran before it.
 StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
                                 const ProbeOptions& options);
+
+// What the trigger rule (probe/trigger_rule.h) looks at in a probed step.
+RerunOutcome RerunOutcomeOf(const ProbeResult& r);
 
 }  // namespace capsule
 

@@ -16,6 +16,7 @@
 #include "capsule/probe/layer_probe.h"
 #include "capsule/probe/rng_state.h"
 #include "capsule/probe/tensor_codec.h"
+#include "capsule/probe/trigger_rule.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/extract.h"
@@ -322,36 +323,19 @@ bool SameBits(double a, double b) {
   return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof(double)) == 0;
 }
 
-// The captured value of the quantity the trigger watched, and whether the replayed run fires it.
+// The captured value of the quantity the trigger watched, and whether the replayed run fires it
+// (the rule the Monitor's capture re-run uses too: probe/trigger_rule.h).
 void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayReport& report) {
   const v1::Trigger& t = c.trigger();
-  const bool grad = t.kind() == v1::NON_FINITE_GRAD || t.kind() == v1::GRAD_NORM_SPIKE;
-  const double replayed = grad ? run.grad_norm : run.loss_value;
+  const TriggerKind kind = static_cast<TriggerKind>(t.kind());
+  const RerunOutcome outcome = RerunOutcomeOf(run);
+  const bool grad = WatchesGradNorm(kind);
+  const double replayed = WatchedValue(kind, outcome);
   const double captured = t.observed();
   report.set_trigger(t.kind());
   report.set_captured_value(captured);
   report.set_replayed_value(replayed);
-  bool fires = false;
-  switch (t.kind()) {
-    case v1::NON_FINITE_LOSS:
-      fires = !std::isfinite(run.loss_value);
-      break;
-    case v1::NON_FINITE_GRAD:
-      fires = run.backward_done && !std::isfinite(run.grad_norm);
-      break;
-    case v1::LOSS_SPIKE:
-    case v1::GRAD_NORM_SPIKE:
-      fires = replayed > t.threshold();
-      break;
-    case v1::EXCEPTION:
-      fires = !run.error.empty();
-      break;
-    default:  // MANUAL: the step itself is the thing to reproduce
-      fires = std::isfinite(captured)
-                  ? std::fabs(replayed - captured) <= 1e-6 * std::max(1.0, std::fabs(captured))
-                  : !std::isfinite(replayed);
-      break;
-  }
+  const bool fires = TriggerFiresAgain(kind, captured, t.threshold(), outcome);
   // Bitwise: same value and the same forward stats at every layer.
   bool exact = fires && SameBits(replayed, captured);
   if (exact) {

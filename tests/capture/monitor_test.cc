@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -456,7 +457,8 @@ TEST(NonDisturbance, CaptureLeavesParamsGradsAndRngUntouched) {
 
 TEST(Snapshot, RerunWithDropoutIsBitIdentical) {
   // A manual capture of a clean step with dropout on: the re-run from the snapshot must see the
-  // same dropout masks and so the bitwise-same loss (RERUN_REPRODUCED for MANUAL means equal bits).
+  // same dropout masks and so the bitwise-same loss. RERUN_REPRODUCED for MANUAL allows 1e-6
+  // relative (probe/trigger_rule.h), so the bits are compared here as well.
   TempDir dir;
   at::set_num_threads(1);
   TinyGptConfig c;
@@ -475,6 +477,14 @@ TEST(Snapshot, RerunWithDropoutIsBitIdentical) {
   StepReport r = m.CaptureNow("dropout check");
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_TRUE(r.rerun_reproduced);
+  ReadOptions ro;
+  ro.allow_unsigned = true;
+  auto d = ReadCapsuleFile(r.capsule_path, ro);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const double observed = d->capsule->trigger().observed();
+  const double rerun = d->capsule->trigger().rerun_observed();
+  EXPECT_EQ(observed, *s.loss);
+  EXPECT_EQ(std::memcmp(&observed, &rerun, sizeof(double)), 0) << observed << " vs " << rerun;
 }
 
 // ---------------------------------------------------------------------------------------------
