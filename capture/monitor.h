@@ -16,8 +16,9 @@
 //   for (...) {
 //     monitor.BeginStep(step, cursor, batch);
 //     ... forward, backward ...
-//     capsule::StepReport r = monitor.EndStep({.loss = loss, .grad_norm = gn, .learning_rate =
-//     lr}); if (r.triggered) std::cerr << r.summary << "\n"; optimizer.step();
+//     capsule::StepReport r = monitor.EndStep({.loss = loss, .grad_norm = gn});
+//     if (r.triggered) std::cerr << r.summary << "\n";
+//     optimizer.step();
 //   }
 //
 // Thread safety: a Monitor is used from the training thread only.
@@ -25,23 +26,22 @@
 #define CAPSULE_CAPTURE_MONITOR_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "capsule/base/status.h"
-#include "capsule/format/signing.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
-#include "capsule/probe/rng_state.h"
 #include "capsule/probe/trigger_rule.h"
 
 namespace capsule {
+namespace internal {
+struct FiredTrigger;
+}  // namespace internal
 
 enum class WeightPolicy { kAll = 1, kAnomalousLayer = 2, kNone = 3 };  // = capsule.v1.WeightPolicy
 
@@ -190,35 +190,15 @@ class Monitor {
   const MonitorOptions& options() const { return options_; }
 
  private:
-  struct Snapshot;
-  struct Fired {
-    TriggerKind kind = TriggerKind::kNone;
-    double observed = 0;
-    double threshold = 0;
-    std::string rule;
-  };
-  Fired CheckTriggers(const StepScalars& s) const;
-  StepReport Capture(const Fired& fired, const std::string& message);
-  Status BuildAndWrite(const Fired& fired, const std::string& message, StepReport* report);
+  struct State;  // snapshot, history, log ring, RNGs, identity, rate-limit bookkeeping
+  StepReport Capture(const internal::FiredTrigger& fired, const std::string& message);
+  Status BuildAndWrite(const internal::FiredTrigger& fired, const std::string& message,
+                       StepReport* report);
   void Emit(const std::string& line) const;
 
   MonitorOptions options_;
-  Model* model_ = nullptr;
-  PathKind path_ = PathKind::kOptimized;
-  std::unique_ptr<Snapshot> snap_;
-  std::deque<std::pair<int64_t, StepScalars>> history_;
-  std::deque<std::string> log_;
-  struct NamedRng {
-    std::string name;
-    std::function<std::string()> save;
-    uint64_t seed;
-  };
-  std::vector<NamedRng> user_rngs_;
-  struct IdentityState;
-  std::unique_ptr<IdentityState> identity_;
+  std::unique_ptr<State> state_;
   int capsules_written_ = 0;
-  std::map<TriggerKind, int64_t> last_capture_step_;
-  std::set<TriggerKind> quiet_kinds_;  // rate-limited kinds already reported in this window
 };
 
 }  // namespace capsule

@@ -1,0 +1,291 @@
+#include "capsule/capture/internal/capsule_builder.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+
+#include "capsule/format/version.h"
+#include "capsule/probe/environment.h"
+#include "capsule/probe/hashing.h"
+#include "capsule/probe/tensor_codec.h"
+
+namespace capsule::internal {
+namespace {
+
+void FillStats(const HealthStats& s, v1::HealthStats* out) {
+  out->set_numel(s.numel);
+  out->set_nan_count(s.nan_count);
+  out->set_pos_inf_count(s.pos_inf_count);
+  out->set_neg_inf_count(s.neg_inf_count);
+  out->set_zero_count(s.zero_count);
+  out->set_min(s.min);
+  out->set_max(s.max);
+  out->set_absmax(s.absmax);
+  out->set_mean(s.mean);
+  out->set_rms(s.rms);
+  out->set_first_nonfinite_index(s.first_nonfinite_index);
+}
+
+void FillScalars(int64_t step, const StepScalars& s, v1::StepScalars* out) {
+  out->set_step(step);
+  if (s.loss) out->set_loss(*s.loss);
+  if (s.grad_norm) out->set_grad_norm(*s.grad_norm);
+  if (s.update_norm) out->set_update_norm(*s.update_norm);
+  if (s.param_norm) out->set_param_norm(*s.param_norm);
+  if (s.learning_rate) out->set_learning_rate(*s.learning_rate);
+  if (s.weight_decay) out->set_weight_decay(*s.weight_decay);
+  if (s.loss_scale) out->set_loss_scale(*s.loss_scale);
+}
+
+Status Embed(const std::string& name, const at::Tensor& t, v1::TensorRole role,
+             const std::string& layer, v1::Capsule& c) {
+  v1::TensorBlob& blob = *c.add_tensors();
+  CAPSULE_RETURN_IF_ERROR(TensorToBlob(name, t, &blob));
+  blob.set_role(role);
+  blob.set_layer(layer);
+  return Status::Ok();
+}
+
+void FillTrigger(const CaptureContext& context, v1::Capsule& c) {
+  v1::Trigger& trig = *c.mutable_trigger();
+  trig.set_kind(static_cast<v1::TriggerKind>(context.fired.kind));
+  trig.set_observed(context.fired.observed);
+  trig.set_threshold(context.fired.threshold);
+  trig.set_rule(context.fired.rule);
+  trig.set_wall_time_unix_micros(context.now_unix_micros);
+  trig.set_message(context.message);
+}
+
+void FillStep(const StepSnapshot& snap, const CaptureContext& context, v1::Capsule& c) {
+  v1::StepInfo& step = *c.mutable_step();
+  step.set_global_step(snap.step);
+  step.set_micro_batch(snap.batch.micro_batch);
+  step.set_tokens_seen(snap.batch.tokens_seen);
+  step.set_epoch(snap.cursor.epoch);
+  for (const auto& [s, scalars] : context.history) FillScalars(s, scalars, step.add_history());
+}
+
+// Per-sequence records plus the exact tensors the model consumed.
+Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
+  const LayerBatch& lb = snap.batch.tensors;
+  v1::DataBatch& data = *c.mutable_data();
+  data.set_labels_shifted(lb.labels_shifted);
+  v1::DataCursor& cur = *data.mutable_cursor();
+  cur.set_epoch(snap.cursor.epoch);
+  cur.set_shard(snap.cursor.shard);
+  cur.set_offset(snap.cursor.offset);
+  for (int64_t i : snap.cursor.sample_indices) cur.add_sample_indices(i);
+  cur.set_sampler_rng(snap.cursor.sampler_rng);
+  if (lb.input_ids.defined() && lb.input_ids.dim() == 2) {
+    const at::Tensor ids = lb.input_ids.to(at::kCPU).to(at::kLong).contiguous();
+    const at::Tensor labels =
+        lb.labels.defined() ? lb.labels.to(at::kCPU).to(at::kLong).contiguous() : at::Tensor();
+    auto mask_bytes = [](const at::Tensor& m, int64_t row) {
+      if (!m.defined()) return std::string();
+      const at::Tensor r = m[row].to(at::kCPU).ne(0).to(at::kByte).contiguous();
+      return std::string(reinterpret_cast<const char*>(r.data_ptr()), r.numel());
+    };
+    for (int64_t b = 0; b < ids.size(0); ++b) {
+      v1::Sequence& seq = *data.add_sequences();
+      const int64_t* p = ids[b].data_ptr<int64_t>();
+      for (int64_t t = 0; t < ids.size(1); ++t) seq.add_token_ids(p[t]);
+      if (labels.defined() && labels.dim() == 2 && labels.size(0) == ids.size(0)) {
+        const at::Tensor row = labels[b].contiguous();
+        const int64_t* q = row.data_ptr<int64_t>();
+        for (int64_t t = 0; t < row.numel(); ++t) seq.add_labels(q[t]);
+      }
+      seq.set_attention_mask(mask_bytes(lb.attention_mask, b));
+      seq.set_loss_mask(mask_bytes(lb.loss_mask, b));
+      seq.set_token_count(ids.size(1));
+      if (b < (int64_t)snap.batch.raw_text.size()) seq.set_raw_text(snap.batch.raw_text[b]);
+      if (b < (int64_t)snap.batch.sample_ids.size()) seq.set_sample_id(snap.batch.sample_ids[b]);
+    }
+  }
+  const std::pair<const char*, const at::Tensor*> batch_tensors[] = {
+      {"input_ids", &lb.input_ids},
+      {"labels", &lb.labels},
+      {"attention_mask", &lb.attention_mask},
+      {"loss_mask", &lb.loss_mask}};
+  for (const auto& [name, t] : batch_tensors) {
+    if (!t->defined()) continue;
+    CAPSULE_RETURN_IF_ERROR(Embed(name, *t, v1::BATCH_INPUT, "", c));
+    data.add_tensor_names(name);
+  }
+  return Status::Ok();
+}
+
+void FillRng(const StepSnapshot& snap, v1::Capsule& c) {
+  for (const auto* list : {&snap.torch_rngs, &snap.user_rngs}) {
+    for (const RngBlobData& r : *list) {
+      v1::RngBlob& g = *c.mutable_rng()->add_generators();
+      g.set_name(r.name);
+      g.set_kind(static_cast<v1::RngKind>(r.kind));
+      g.set_device(r.device);
+      g.set_torch_version(TorchVersion());
+      g.set_state(r.state);
+      g.set_seed(r.seed);
+    }
+  }
+}
+
+void FillPlacement(const MonitorOptions& options, v1::Capsule& c) {
+  v1::Placement& place = *c.mutable_placement();
+  place.set_rank(options.rank);
+  place.set_world_size(options.world_size);
+  place.set_local_rank(options.local_rank);
+  place.set_data_parallel_rank(options.rank);
+  place.set_device(options.device);
+}
+
+// The re-run's per-layer statistics, whether it fired the trigger again, and the first anomalous
+// layer with its inputs and output (so the layer replays alone). Returns that layer's index, or -1.
+StatusOr<int> FillRerun(const ProbeResult& r, const CaptureContext& context, v1::Capsule& c) {
+  const FiredTrigger& fired = context.fired;
+  const RerunOutcome outcome = RerunOutcomeOf(r);
+  v1::Trigger& trig = *c.mutable_trigger();
+  const bool reproduced = TriggerFiresAgain(fired.kind, fired.observed, fired.threshold, outcome);
+  trig.set_capture_rerun(reproduced ? v1::RERUN_REPRODUCED : v1::RERUN_NOT_REPRODUCED);
+  trig.set_rerun_observed(WatchedValue(fired.kind, outcome));
+  if (!r.error.empty()) c.mutable_log()->set_error(r.error);
+
+  v1::Numerics& num = *c.mutable_numerics();
+  for (const LayerRecord& rec : r.layers) {
+    v1::LayerStats& ls = *num.add_layers();
+    ls.set_index(rec.index);
+    ls.set_name(rec.name);
+    ls.set_phase(v1::FORWARD);
+    if (rec.output.defined()) FillTensorMeta(rec.output, ls.mutable_meta());
+    FillStats(rec.forward, ls.mutable_stats());
+    ls.set_anomalous(!rec.forward.finite());
+  }
+  for (auto it = r.layers.rbegin(); it != r.layers.rend(); ++it) {
+    if (!it->has_backward) continue;
+    v1::LayerStats& ls = *num.add_layers();
+    ls.set_index(it->index);
+    ls.set_name(it->name);
+    ls.set_phase(v1::BACKWARD);
+    FillTensorMeta(it->grad, ls.mutable_meta());
+    FillStats(it->backward, ls.mutable_stats());
+    ls.set_anomalous(!it->backward.finite());
+  }
+  const int anomalous = r.first_anomalous;
+  if (anomalous < 0) return anomalous;
+  const LayerRecord& rec = r.layers[anomalous];
+  num.set_first_anomalous_layer(rec.name);
+  num.set_first_anomalous_index(anomalous);
+  num.set_first_anomalous_phase(r.anomaly_phase == AnomalyPhase::kBackward ? v1::BACKWARD
+                                                                           : v1::FORWARD);
+  num.set_anomaly_reason(r.anomaly_reason);
+  for (size_t k = 0; k < rec.inputs.size(); ++k) {
+    if (!rec.inputs[k].defined()) continue;
+    CAPSULE_RETURN_IF_ERROR(Embed(rec.name + "/input." + std::to_string(k), rec.inputs[k],
+                                  v1::LAYER_INPUT, rec.name, c));
+  }
+  if (rec.output.defined()) {
+    CAPSULE_RETURN_IF_ERROR(
+        Embed(rec.name + "/output", rec.output,
+              context.path == PathKind::kOptimized ? v1::OPTIMIZED_OUTPUT : v1::REFERENCE_OUTPUT,
+              rec.name, c));
+  }
+  return anomalous;
+}
+
+// The model spec, its hash and size, the re-run's sections and the weights the policy asks for.
+Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
+                 const MonitorOptions& options, v1::Capsule& c, std::vector<std::string>& notes) {
+  Model& model = *context.model;
+  const ModelSpecInfo spec = model.Spec();
+  LayerSequence& seq = model.Path(context.path);
+  v1::ModelSpec& ms = *c.mutable_model();
+  ms.set_registry_name(spec.registry_name);
+  ms.set_config_json(spec.config_json);
+  ms.set_trainer_path(static_cast<v1::ExecutionPath>(context.path));
+  for (size_t i = 0; i < seq.size(); ++i) ms.add_layers(seq.name(i));
+
+  const std::vector<NamedTensor> params = model.NamedParameters();
+  CAPSULE_ASSIGN_OR_RETURN(std::string model_hash, CanonicalModelHash(params));
+  c.mutable_identity()->set_model_sha256(model_hash);
+  int64_t count = 0;
+  uint64_t weight_bytes = 0;
+  for (const NamedTensor& p : params) {
+    count += p.second.numel();
+    weight_bytes += static_cast<uint64_t>(p.second.numel()) * p.second.element_size();
+  }
+  c.mutable_identity()->set_model_parameter_count(count);
+
+  WeightPolicy policy = options.weight_policy;
+  if (policy == WeightPolicy::kAll && weight_bytes > options.max_weight_bytes) {
+    policy = WeightPolicy::kAnomalousLayer;
+    notes.push_back("capsule: weights are " + std::to_string(weight_bytes) +
+                    " bytes, over the cap of " + std::to_string(options.max_weight_bytes) +
+                    "; embedding the anomalous layer's only");
+  }
+  ms.set_weight_policy(static_cast<v1::WeightPolicy>(policy));
+  std::map<std::string, std::string> owner;  // parameter name -> layer name
+  for (size_t i = 0; i < seq.size(); ++i) {
+    for (const NamedTensor& p : seq.LayerParameters(i)) owner[p.first] = seq.name(i);
+  }
+
+  int anomalous = -1;
+  if (rerun != nullptr) {
+    CAPSULE_ASSIGN_OR_RETURN(anomalous, FillRerun(*rerun, context, c));
+  }
+  if (policy == WeightPolicy::kNone) return Status::Ok();
+  const std::string anomalous_name = anomalous >= 0 ? seq.name(anomalous) : "";
+  for (const NamedTensor& p : params) {
+    const std::string& layer = owner.count(p.first) ? owner[p.first] : std::string();
+    if (policy == WeightPolicy::kAnomalousLayer && layer != anomalous_name) continue;
+    CAPSULE_RETURN_IF_ERROR(Embed(p.first, p.second, v1::PARAMETER, layer, c));
+  }
+  return Status::Ok();
+}
+
+// The log ring as the Monitor will hold it once `notes` are appended (at most log_lines lines).
+void FillLog(const CaptureContext& context, const MonitorOptions& options,
+             const std::vector<std::string>& notes, v1::Capsule& c) {
+  std::vector<const std::string*> lines;
+  for (const std::string& line : context.log_lines) lines.push_back(&line);
+  for (const std::string& line : notes) lines.push_back(&line);
+  const size_t keep = static_cast<size_t>(std::max(options.log_lines, 0));
+  const size_t first = lines.size() > keep ? lines.size() - keep : 0;
+  v1::LogRecord& log = *c.mutable_log();
+  for (size_t i = first; i < lines.size(); ++i) log.add_lines(*lines[i]);
+  if (context.fired.kind == TriggerKind::kException && log.error().empty()) {
+    log.set_error(context.message);
+  }
+}
+
+}  // namespace
+
+StatusOr<BuiltCapsule> BuildCapsule(const StepSnapshot& snapshot, const ProbeResult* rerun,
+                                    const CaptureContext& context, const MonitorOptions& options) {
+  BuiltCapsule built;
+  v1::Capsule& c = built.capsule;
+  c.set_writer_version(CapsuleVersion());
+  c.set_created_unix_micros(context.now_unix_micros);
+  c.set_run_name(options.run_name);
+  for (const auto& [k, v] : options.annotations) (*c.mutable_annotations())[k] = v;
+
+  FillTrigger(context, c);
+  FillStep(snapshot, context, c);
+  CAPSULE_RETURN_IF_ERROR(FillData(snapshot, c));
+  *c.mutable_identity() = context.identity;
+  FillRng(snapshot, c);
+  FillPlacement(options, c);
+
+  CollectEnvironment(c.mutable_environment());
+  c.mutable_environment()->set_intra_op_threads(snapshot.intra_op_threads);
+  v1::Numerics& num = *c.mutable_numerics();
+  num.set_intra_op_threads(snapshot.intra_op_threads);
+  num.set_path(static_cast<v1::ExecutionPath>(context.path));
+  num.set_first_anomalous_index(-1);
+
+  if (context.model != nullptr) {
+    CAPSULE_RETURN_IF_ERROR(FillModel(rerun, context, options, c, built.notes));
+  }
+  FillLog(context, options, built.notes, c);
+  return built;
+}
+
+}  // namespace capsule::internal

@@ -1,0 +1,40 @@
+// Capture writer: the disk side of a capture. The signing key is loaded before anything else (a
+// capture that cannot be signed as asked is refused before the re-run spends time on it); the
+// built capsule is then written into the capsule directory under its conventional name,
+// atomically (format/capsule_writer.h).
+//
+//   CAPSULE_ASSIGN_OR_RETURN(std::optional<PrivateKey> key,
+//                            internal::LoadCaptureKey(options.signing_key_path));
+//   ... build the capsule ...
+//   CAPSULE_ASSIGN_OR_RETURN(std::string path,
+//                            internal::WriteCapturedCapsule(capsule, options, key ? &*key :
+//                            nullptr));
+//
+// Thread safety: thread-safe; two writers of the same step, rank and trigger race for the name.
+#ifndef CAPSULE_CAPTURE_INTERNAL_CAPTURE_WRITER_H_
+#define CAPSULE_CAPTURE_INTERNAL_CAPTURE_WRITER_H_
+
+#include <optional>
+#include <string>
+
+#include "capsule/base/status.h"
+#include "capsule/capture/monitor.h"
+#include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
+
+namespace capsule::internal {
+
+// The PEM Ed25519 private key at `path` (mode 0600); nullopt for an empty path (capsules are
+// written unsigned). The codes of LoadPrivateKeyFile, with the context "signing key".
+StatusOr<std::optional<PrivateKey>> LoadCaptureKey(const std::string& path);
+
+// Creates options.capsule_dir with its parents and writes `capsule` there as
+// <run>-step<N>-rank<R>-<trigger>.capsule (step and trigger from the capsule), signed with `key`
+// when it is not null, flagged as holding every weight when its weight policy is ALL. Returns the
+// path. The codes of MakeDirs and WriteCapsuleFile.
+StatusOr<std::string> WriteCapturedCapsule(const v1::Capsule& capsule,
+                                           const MonitorOptions& options, const PrivateKey* key);
+
+}  // namespace capsule::internal
+
+#endif  // CAPSULE_CAPTURE_INTERNAL_CAPTURE_WRITER_H_
