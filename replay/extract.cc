@@ -102,26 +102,13 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
   CAPSULE_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
       registry.Create({full.model().registry_name(), full.model().config_json()}));
-  std::vector<NamedTensor> params;
-  for (const auto& t : full.tensors()) {
-    if (t.role() != v1::PARAMETER) continue;
-    CAPSULE_ASSIGN_OR_RETURN(at::Tensor p, TensorFromBlob(t));
-    params.emplace_back(t.name(), p);
-  }
+  CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> params, internal::ParameterTensors(full));
   Status s = model->LoadParameters(params);
   if (!s.ok()) return s.WithContext("cannot load the capsule's weights");
   LayerSequence& ref = model->Path(PathKind::kReference);
   CAPSULE_ASSIGN_OR_RETURN(const size_t index, LayerIndex(ref, options.layer));
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadEvalBatch(full));
-  if (!batch.input_ids.defined()) {
-    bool redacted = false;
-    for (const auto& seq : full.data().sequences()) redacted |= !seq.token_ids_sha256().empty();
-    return FailedPreconditionError(
-        redacted
-            ? "the capsule's token ids were redacted, so the layer's input cannot be computed; "
-              "extract from the unredacted capsule"
-            : "the capsule has no input_ids tensor; the layer's input cannot be computed");
-  }
+  CAPSULE_RETURN_IF_ERROR(internal::RequireInputIds(full, batch));
 
   // The reference path up to the layer, as the full replay's reference run computes it.
   TensorListT x = {batch.input_ids};
@@ -225,11 +212,8 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
                            registry.Create({c.model().registry_name(), c.model().config_json()}));
   // LoadParameters wants every parameter: the model's own initial values stand in for the layers
   // the extract does not hold, which this replay never runs.
-  std::map<std::string, at::Tensor> embedded;
-  for (const auto& t : c.tensors()) {
-    if (t.role() != v1::PARAMETER) continue;
-    CAPSULE_ASSIGN_OR_RETURN(embedded[t.name()], TensorFromBlob(t));
-  }
+  CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> params, internal::ParameterTensors(c));
+  const std::map<std::string, at::Tensor> embedded(params.begin(), params.end());
   std::vector<NamedTensor> merged;
   for (const NamedTensor& p : model->NamedParameters()) {
     auto it = embedded.find(p.first);

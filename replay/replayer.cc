@@ -45,27 +45,8 @@ using internal::FromTorch;
 
 StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch b, internal::LoadBatchTensors(c));
-  if (!b.input_ids.defined()) {
-    bool redacted = false;
-    for (const auto& s : c.data().sequences()) redacted |= !s.token_ids_sha256().empty();
-    if (redacted) {
-      return FailedPreconditionError(
-          "the capsule's token ids were redacted (only their SHA-256 is kept), so the step cannot "
-          "be re-run; replay the unredacted capsule");
-    }
-    return InvalidArgumentError("capsule has no input_ids tensor; it cannot be replayed");
-  }
+  CAPSULE_RETURN_IF_ERROR(internal::RequireInputIds(c, b));
   return b;
-}
-
-StatusOr<std::vector<NamedTensor>> ParametersOf(const v1::Capsule& c) {
-  std::vector<NamedTensor> params;
-  for (const auto& t : c.tensors()) {
-    if (t.role() != v1::PARAMETER) continue;
-    CAPSULE_ASSIGN_OR_RETURN(at::Tensor p, TensorFromBlob(t));
-    params.emplace_back(t.name(), p);
-  }
-  return params;
 }
 
 Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& model,
@@ -78,7 +59,7 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
     ro.allow_untrusted = true;
     auto weights = ReadCapsuleFile(options.weights_path, ro);
     if (!weights.ok()) return weights.status().WithContext("--weights");
-    CAPSULE_ASSIGN_OR_RETURN(params, ParametersOf(*weights->capsule));
+    CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(*weights->capsule));
     source = "--weights " + options.weights_path;
   } else {
     if (c.model().weight_policy() != v1::WEIGHTS_ALL) {
@@ -87,7 +68,7 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
           v1::WeightPolicy_Name(c.model().weight_policy()) +
           "); pass them with --weights FILE (a capsule written with weight policy ALL)");
     }
-    CAPSULE_ASSIGN_OR_RETURN(params, ParametersOf(c));
+    CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(c));
     source = "the capsule";
   }
   if (params.empty()) return FailedPreconditionError("no parameters in " + source);
