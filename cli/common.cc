@@ -1,7 +1,6 @@
 #include "capsule/cli/common.h"
 
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 
 #include "capsule/base/file_util.h"
@@ -81,15 +80,6 @@ std::string HumanBytes(uint64_t bytes) {
   } else {
     std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
   }
-  return buf;
-}
-
-std::string FormatUnixMicros(int64_t micros) {
-  const std::time_t secs = static_cast<std::time_t>(micros / 1000000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
 }
 

@@ -39,8 +39,6 @@ std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
 
 // "1.2 MiB", "512 B".
 std::string HumanBytes(uint64_t bytes);
-// RFC 3339 UTC with seconds, from microseconds since the epoch.
-std::string FormatUnixMicros(int64_t micros);
 
 }  // namespace capsule::cli
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "capsule/base/sha256.h"
+#include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
@@ -51,7 +52,7 @@ void PrintSummary(const std::string& file, const DecodedCapsule& d, std::ostream
   if (e.signature_algorithm != kSigAlgNone) out << ", ed25519 key " << HexEncode(e.key_id);
   out << "\n";
   out << "  written by capsule " << c.writer_version() << " at "
-      << FormatUnixMicros(c.created_unix_micros()) << ", run \"" << c.run_name() << "\"\n";
+      << FormatUnixMicrosUtc(c.created_unix_micros()) << ", run \"" << c.run_name() << "\"\n";
 
   const v1::Trigger& t = c.trigger();
   out << "trigger: " << v1::TriggerKind_Name(t.kind()) << " at step " << c.step().global_step()

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <ctime>
 #include <map>
 #include <sstream>
 
 #include "capsule/base/sha256.h"
+#include "capsule/base/strings.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/report/internal/text.h"
@@ -39,15 +39,6 @@ std::string PathName(v1::ExecutionPath p) {
     default:
       return "";
   }
-}
-
-std::string Rfc3339(int64_t micros) {
-  const std::time_t secs = static_cast<std::time_t>(micros / 1000000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::string Join(const std::vector<std::string>& parts, const char* sep) {
@@ -215,7 +206,7 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
 
   m.run_name = c.run_name();
   m.writer_version = c.writer_version();
-  m.created = Rfc3339(c.created_unix_micros());
+  m.created = FormatUnixMicrosUtc(c.created_unix_micros());
 
   const v1::Trigger& t = c.trigger();
   m.trigger_kind = v1::TriggerKind_Name(t.kind());
