@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -145,30 +146,6 @@ ReportReplay ReplayModel(const v1::ReplayReport& r) {
 
 }  // namespace
 
-StatusOr<ReportRedaction> ParseReportRedaction(std::string_view list) {
-  ReportRedaction r;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t comma = list.find(',', start);
-    if (comma == std::string_view::npos) comma = list.size();
-    const std::string_view item = list.substr(start, comma - start);
-    if (item == "text") {
-      r.text = true;
-    } else if (item == "tokens") {
-      r.tokens = true;
-    } else if (item == "paths") {
-      r.paths = true;
-    } else if (item == "host") {
-      r.host = true;
-    } else if (!item.empty()) {
-      return InvalidArgumentError("unknown redaction \"" + std::string(item) +
-                                  "\" (use text, tokens, paths, host)");
-    }
-    start = comma + 1;
-  }
-  return r;
-}
-
 StatusOr<std::unique_ptr<v1::ReplayReport>> ParseReplayReportJson(std::string_view json) {
   auto report = std::make_unique<v1::ReplayReport>();
   google::protobuf::util::JsonParseOptions options;
@@ -199,10 +176,10 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
   }
   m.file_name = BaseName(options.file_name);
   m.file_sha256 = options.file_sha256;
-  if (redact.text) m.redacted.push_back("text");
-  if (redact.tokens) m.redacted.push_back("tokens");
-  if (redact.paths) m.redacted.push_back("paths");
-  if (redact.host) m.redacted.push_back("host");
+  const bool left_out[] = {redact.text, redact.tokens, redact.paths, redact.host};
+  for (size_t i = 0; i < std::size(kRedactItemNames); ++i) {
+    if (left_out[i]) m.redacted.emplace_back(kRedactItemNames[i]);
+  }
 
   m.run_name = c.run_name();
   m.writer_version = c.writer_version();

@@ -27,6 +27,7 @@
 #include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/envelope.h"
+#include "capsule/format/redact.h"
 
 namespace capsule::v1 {
 class ReplayReport;
@@ -34,16 +35,10 @@ class ReplayReport;
 
 namespace capsule {
 
-// What to leave out of the report (the capsule itself is not changed; `capsule redact` does that).
-struct ReportRedaction {
-  bool text = false;    // raw sample text
-  bool tokens = false;  // token ids and labels
-  bool paths = false;   // file paths are reduced to their base names
-  bool host = false;    // the host name
-};
-
-// Parses "text,tokens,paths,host" (any subset, comma-separated); kInvalidArgument otherwise.
-StatusOr<ReportRedaction> ParseReportRedaction(std::string_view list);
+// What to leave out of the report (the capsule itself is not changed; `capsule redact` does that):
+// text is raw sample text, tokens are token ids and labels, paths reduces file paths to their base
+// names, host is the host name. Parsed with ParseRedactItemList (format/redact.h).
+using ReportRedaction = RedactItems;
 
 struct ReportOptions {
   // The capsule file's name as the report shows it and uses in the commands; reduced to its base

@@ -13,6 +13,7 @@
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/redact.h"
 #include "capsule/format/signing.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
@@ -233,7 +234,7 @@ TEST(ReportEscapingTest, HostileCapsuleTextIsEscapedInEveryFormat) {
 }
 
 TEST(ReportRedactionTest, RedactedItemsAreLeftOut) {
-  auto redact = ParseReportRedaction("text,tokens,paths,host");
+  auto redact = ParseRedactItemList("text,tokens,paths,host");
   ASSERT_TRUE(redact.ok());
   const ReportModel m = FullModel(*redact);
   for (const std::string& out : {RenderMarkdown(m), RenderHtml(m), RenderJson(m)}) {
@@ -257,15 +258,42 @@ TEST(ReportRedactionTest, RedactedItemsAreLeftOut) {
 }
 
 TEST(ReportRedactionTest, ParsesOnlyKnownItems) {
-  auto some = ParseReportRedaction("host");
+  auto some = ParseRedactItemList("host");
   ASSERT_TRUE(some.ok());
   EXPECT_TRUE(some->host);
   EXPECT_FALSE(some->text);
-  EXPECT_TRUE(ParseReportRedaction("").ok());
-  auto bad = ParseReportRedaction("text,passwords");
+  auto none = ParseRedactItemList("");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->text || none->tokens || none->paths || none->host);
+  auto bad = ParseRedactItemList("text,passwords");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("passwords"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("unknown item to drop \"passwords\""), std::string::npos)
+      << bad.status();
+}
+
+// `report --redact` and `redact --drop` read the same list with the same parser: an empty item is
+// a typo for both (the report's own parser used to skip it while redact refused it).
+TEST(ReportRedactionTest, EmptyItemIsRefusedByReportAndRedactAlike) {
+  auto report = ParseRedactItemList("text,,host");
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(report.status().message().find("empty item in \"text,,host\""), std::string::npos)
+      << report.status();
+  RedactOptions redact;
+  const Status s = ParseRedactItems("text,,host", &redact);
+  EXPECT_EQ(s, report.status());
+  EXPECT_FALSE(ParseRedactItemList("text,").ok());
+  EXPECT_FALSE(ParseRedactItemList(",host").ok());
+}
+
+TEST(ReportRedactionTest, EveryListedItemParsesAndTheListIsTheRecordedOrder) {
+  EXPECT_EQ(JoinRedactItemNames(","), "text,tokens,paths,host");
+  auto all = ParseRedactItemList(JoinRedactItemNames(","));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->text && all->tokens && all->paths && all->host);
+  const ReportModel m = FullModel(*all);
+  EXPECT_EQ(m.redacted, (std::vector<std::string>{"text", "tokens", "paths", "host"}));
 }
 
 TEST(ReportTrustTest, UnsignedCapsuleReportBeginsWithAWarning) {
