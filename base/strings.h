@@ -18,6 +18,14 @@
 
 namespace capsule {
 
+// printf's %.<digits>g, except that every NaN is "nan" (never "-nan") and infinities are "inf" and
+// "-inf". 6 digits where people read a value (reports, diffs, messages), 3 in the replay table,
+// 9 where bits matter (fidelity).
+std::string FormatSignificant(double v, int digits);
+
+// printf's %.<decimals>f, non-finite values as in FormatSignificant. For coordinates (SVG).
+std::string FormatFixed(double v, int decimals);
+
 // RFC 3339 in UTC with whole seconds ("2026-05-28T20:26:40Z"), from microseconds since the epoch;
 // the microseconds are truncated.
 std::string FormatUnixMicrosUtc(int64_t unix_micros);

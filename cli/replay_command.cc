@@ -1,13 +1,12 @@
 #include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
-#include <cmath>
-#include <cstdio>
 #include <iostream>
 #include <sstream>
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
+#include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
@@ -20,14 +19,6 @@
 namespace capsule::cli {
 namespace {
 
-std::string Num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g", v);
-  return buf;
-}
-
 std::string Pad(const std::string& s, size_t width) {
   return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
 }
@@ -35,7 +26,8 @@ std::string Pad(const std::string& s, size_t width) {
 void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
   out << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text() << "\n";
   out << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail() << ")\n";
-  out << "loss: optimized " << Num(r.optimized_loss()) << ", reference " << Num(r.reference_loss())
+  out << "loss: optimized " << FormatSignificant(r.optimized_loss(), 3) << ", reference "
+      << FormatSignificant(r.reference_loss(), 3)
       << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; " << r.intra_op_threads()
       << " intra-op threads\n";
   for (const auto& w : r.warnings()) out << "warning: " << w << "\n";
@@ -48,7 +40,8 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       verdict += "  <- first divergence";
     }
     out << Pad(l.phase() == v1::FORWARD ? "forward" : "backward", 9) << Pad(l.name(), 12)
-        << Pad(l.tensor(), 26) << Pad(Num(l.max_abs_err()), 13) << Pad(Num(l.max_rel_err()), 13)
+        << Pad(l.tensor(), 26) << Pad(FormatSignificant(l.max_abs_err(), 3), 13)
+        << Pad(FormatSignificant(l.max_rel_err(), 3), 13)
         << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict << "\n";
   }
   if (r.has_bisect()) {
@@ -60,7 +53,7 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
     out << "\n";
     for (const auto& p : b.probe_log()) {
       out << "  k=" << Pad(std::to_string(p.k()), 4) << Pad(p.bad() ? "bad" : "good", 6)
-          << "max rel err " << Pad(Num(p.max_rel_err()), 10) << "non-finite "
+          << "max rel err " << Pad(FormatSignificant(p.max_rel_err(), 3), 10) << "non-finite "
           << p.nonfinite_mismatch() << "\n";
     }
   }

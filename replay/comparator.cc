@@ -5,10 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include "capsule/base/strings.h"
 
 namespace capsule {
 
@@ -83,12 +84,6 @@ namespace {
 // tensor size, and keeps the chunks large enough that the per-chunk ATen calls do not dominate.
 constexpr int64_t kChunkElements = int64_t{1} << 17;
 
-std::string FormatDouble(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6g", v);
-  return buf;
-}
-
 bool IsSupported(const at::Tensor& t) {
   return t.layout() == at::kStrided && !t.is_complex() && !t.is_quantized() &&
          t.device().type() != at::kMeta;
@@ -98,7 +93,8 @@ Status ValidateTolerance(const Tolerance& tol, const std::string& what) {
   // !(x >= 0) also refuses NaN; +inf is allowed and means "never fails".
   if (!(tol.atol >= 0) || !(tol.rtol >= 0)) {
     return InvalidArgumentError("compare: " + what + " tolerance must be >= 0 (atol " +
-                                FormatDouble(tol.atol) + ", rtol " + FormatDouble(tol.rtol) + ")");
+                                FormatSignificant(tol.atol, 6) + ", rtol " +
+                                FormatSignificant(tol.rtol, 6) + ")");
   }
   return Status::Ok();
 }
@@ -110,7 +106,7 @@ Status ValidateOptions(const CompareOptions& options) {
   }
   if (!(options.max_fail_fraction >= 0 && options.max_fail_fraction <= 1)) {
     return InvalidArgumentError("compare: max_fail_fraction must be in [0, 1], got " +
-                                FormatDouble(options.max_fail_fraction));
+                                FormatSignificant(options.max_fail_fraction, 6));
   }
   return Status::Ok();
 }
@@ -206,19 +202,20 @@ std::string Reason(const TensorComparison& out, const Accumulator& acc) {
   if (acc.mismatch > 0) {
     return "non-finite mismatch at " + std::to_string(acc.mismatch) + " of " +
            std::to_string(out.numel) + " elements; first at index " +
-           std::to_string(acc.first_mismatch) + ": " + FormatDouble(acc.mismatch_c) + " vs ref " +
-           FormatDouble(acc.mismatch_r);
+           std::to_string(acc.first_mismatch) + ": " + FormatSignificant(acc.mismatch_c, 6) +
+           " vs ref " + FormatSignificant(acc.mismatch_r, 6);
   }
   const bool scaled = out.atol_scale == AtolScale::kReferenceMax;
   std::string reason = std::to_string(out.failed) + " of " + std::to_string(out.numel) +
-                       " elements (" + FormatDouble(100.0 * out.fail_fraction) + "%) exceed " +
+                       " elements (" + FormatSignificant(100.0 * out.fail_fraction, 6) +
+                       "%) exceed " +
                        (scaled ? "atol*max|ref|+rtol*|ref| (atol " : "atol+rtol*|ref| (atol ") +
-                       FormatDouble(out.tolerance_used.atol) +
-                       (scaled ? ", max|ref| " + FormatDouble(out.reference_absmax) : "") +
-                       ", rtol " + FormatDouble(out.tolerance_used.rtol) + ")";
+                       FormatSignificant(out.tolerance_used.atol, 6) +
+                       (scaled ? ", max|ref| " + FormatSignificant(out.reference_absmax, 6) : "") +
+                       ", rtol " + FormatSignificant(out.tolerance_used.rtol, 6) + ")";
   if (acc.worst >= 0) {
-    reason += "; worst at index " + std::to_string(acc.worst) + ": " + FormatDouble(acc.worst_c) +
-              " vs ref " + FormatDouble(acc.worst_r);
+    reason += "; worst at index " + std::to_string(acc.worst) + ": " +
+              FormatSignificant(acc.worst_c, 6) + " vs ref " + FormatSignificant(acc.worst_r, 6);
   }
   return reason;
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 
+#include "capsule/base/strings.h"
 #include "capsule/bisect/search.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/probe/environment.h"
@@ -378,12 +379,6 @@ bool ReferenceShowsAnomaly(const v1::Capsule& c, const ReferenceRun& ref) {
   }
 }
 
-std::string Fmt(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g", v);
-  return buf;
-}
-
 void Diagnose(v1::ReplayReport& report) {
   const v1::LayerComparison* first = nullptr;
   for (const auto& l : report.layers()) {
@@ -415,7 +410,7 @@ void Diagnose(v1::ReplayReport& report) {
     text =
         "data or model, not numerics: the FP64 reference path shows the same anomaly (reference "
         "loss " +
-        Fmt(report.reference_loss()) +
+        FormatSignificant(report.reference_loss(), 3) +
         "); look at the step's samples, masks, labels "
         "and learning rate rather than skipping the batch";
   } else if (first != nullptr) {
@@ -424,7 +419,7 @@ void Diagnose(v1::ReplayReport& report) {
            (first->phase() == v1::FORWARD ? "forward" : "backward") + ", " +
            (first->nonfinite_mismatch() > 0
                 ? std::to_string(first->nonfinite_mismatch()) + " non-finite mismatches"
-                : "max rel err " + Fmt(first->max_rel_err())) +
+                : "max rel err " + FormatSignificant(first->max_rel_err(), 3)) +
            ")";
     if (report.has_bisect() && !report.bisect().strategy().empty()) {
       const auto& b = report.bisect();

@@ -8,13 +8,12 @@
 #include <sstream>
 
 #include "capsule/base/sha256.h"
+#include "capsule/base/strings.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/report/internal/text.h"
 
 namespace capsule {
 namespace {
-
-using internal::HumanNumber;
 
 std::string Shown(const std::string& s) { return s.empty() ? "-" : s; }
 
@@ -48,8 +47,8 @@ class Differ {
   }
   void Double(const char* section, const std::string& key, double a, double b, bool relative) {
     if (!SameDouble(a, b)) {
-      out_->push_back(
-          {section, key, HumanNumber(a), HumanNumber(b), relative ? RelativeChange(a, b) : ""});
+      out_->push_back({section, key, FormatSignificant(a, 6), FormatSignificant(b, 6),
+                       relative ? RelativeChange(a, b) : ""});
     }
   }
 

@@ -281,9 +281,9 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
 
   std::ostringstream summary;
   summary << m.trigger_kind << " at step " << m.step << " of run \"" << m.run_name
-          << "\" (observed " << internal::HumanNumber(m.trigger_observed);
+          << "\" (observed " << FormatSignificant(m.trigger_observed, 6);
   if (m.trigger_threshold != 0)
-    summary << ", threshold " << internal::HumanNumber(m.trigger_threshold);
+    summary << ", threshold " << FormatSignificant(m.trigger_threshold, 6);
   summary << ")";
   if (!m.first_anomalous_layer.empty()) {
     summary << "; first anomalous layer " << m.first_anomalous_layer;

@@ -3,16 +3,16 @@
 #include <algorithm>
 #include <sstream>
 
+#include "capsule/base/strings.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"
 
 namespace capsule {
 namespace {
 
-using internal::HumanNumber;
 using internal::MarkdownEscape;
 
-std::string Opt(const std::optional<double>& v) { return v ? HumanNumber(*v) : "-"; }
+std::string Opt(const std::optional<double>& v) { return v ? FormatSignificant(*v, 6) : "-"; }
 
 // A code fence longer than any backtick run in `text`, so untrusted text cannot close it.
 std::string Fence(const std::string& text) {
@@ -47,7 +47,8 @@ void LayerTable(std::ostream& out, const std::vector<ReportLayerRow>& rows) {
     const char* mark = r.first_anomaly ? "**← first anomaly**" : (r.anomalous ? "anomalous" : "");
     out << "| " << r.index << " | " << MarkdownEscape(r.name) << " | " << r.phase << " | "
         << r.numel << " | " << r.nan << " | " << r.pos_inf << " | " << r.neg_inf << " | "
-        << HumanNumber(r.absmax) << " | " << HumanNumber(r.rms) << " | " << mark << " |\n";
+        << FormatSignificant(r.absmax, 6) << " | " << FormatSignificant(r.rms, 6) << " | " << mark
+        << " |\n";
   }
 }
 
@@ -100,10 +101,10 @@ std::string RenderMarkdown(const ReportModel& m) {
     if (!r.diagnosis_text.empty()) out << " — " << MarkdownEscape(r.diagnosis_text);
     out << "\n- fidelity: " << MarkdownEscape(r.fidelity);
     if (!r.fidelity_detail.empty()) out << " (" << MarkdownEscape(r.fidelity_detail) << ")";
-    out << "\n- captured value " << HumanNumber(r.captured_value) << ", replayed value "
-        << HumanNumber(r.replayed_value) << "\n";
-    out << "- loss: optimized " << HumanNumber(r.optimized_loss) << ", reference "
-        << HumanNumber(r.reference_loss)
+    out << "\n- captured value " << FormatSignificant(r.captured_value, 6) << ", replayed value "
+        << FormatSignificant(r.replayed_value, 6) << "\n";
+    out << "- loss: optimized " << FormatSignificant(r.optimized_loss, 6) << ", reference "
+        << FormatSignificant(r.reference_loss, 6)
         << (r.reference_anomalous ? " (reference anomalous too)" : "") << "\n";
     out << "- first divergent layer: "
         << (r.first_divergent_layer.empty() ? std::string("none")
@@ -114,8 +115,8 @@ std::string RenderMarkdown(const ReportModel& m) {
 
   out << "### Trigger\n\n";
   out << "- kind: " << MarkdownEscape(m.trigger_kind) << "\n";
-  out << "- observed: " << HumanNumber(m.trigger_observed) << ", threshold "
-      << HumanNumber(m.trigger_threshold) << "\n";
+  out << "- observed: " << FormatSignificant(m.trigger_observed, 6) << ", threshold "
+      << FormatSignificant(m.trigger_threshold, 6) << "\n";
   if (!m.trigger_rule.empty()) out << "- rule: " << MarkdownEscape(m.trigger_rule) << "\n";
   if (!m.trigger_message.empty()) out << "- message: " << MarkdownEscape(m.trigger_message) << "\n";
   if (!m.capture_rerun.empty()) out << "- capture re-run: " << m.capture_rerun << "\n";
@@ -170,8 +171,8 @@ std::string RenderMarkdown(const ReportModel& m) {
         std::string verdict = MarkdownEscape(l.verdict);
         if (l.first_divergent) verdict = "**" + verdict + " ← first divergence**";
         out << "| " << l.index << " | " << name << " | " << l.phase << " | "
-            << HumanNumber(l.max_abs_err) << " | " << HumanNumber(l.max_rel_err) << " | "
-            << l.nonfinite_mismatch << " | " << verdict << " |\n";
+            << FormatSignificant(l.max_abs_err, 6) << " | " << FormatSignificant(l.max_rel_err, 6)
+            << " | " << l.nonfinite_mismatch << " | " << verdict << " |\n";
       }
       out << "\n";
     }

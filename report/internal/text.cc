@@ -7,14 +7,6 @@
 
 namespace capsule::internal {
 
-std::string HumanNumber(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6g", v);
-  return buf;
-}
-
 std::string JsonNumber(double v) {
   if (std::isnan(v)) return "\"NaN\"";
   if (std::isinf(v)) return v > 0 ? "\"Infinity\"" : "\"-Infinity\"";

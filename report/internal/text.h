@@ -1,4 +1,4 @@
-// Escaping and number formatting shared by the report and diff renderers. Not installed.
+// Escaping shared by the report and diff renderers. Not installed.
 //
 // Every string a renderer takes from a capsule is untrusted input, so each output format has one
 // escape function here and the renderers call it on every such string.
@@ -12,8 +12,6 @@
 
 namespace capsule::internal {
 
-// "nan", "inf", "-inf", or %.6g: what people read.
-std::string HumanNumber(double v);
 // Shortest text that reads back to the same double; non-finite values as protobuf's JSON mapping
 // writes them ("NaN", "Infinity", "-Infinity"), quoted.
 std::string JsonNumber(double v);
