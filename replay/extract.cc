@@ -19,7 +19,6 @@
 namespace capsule {
 namespace {
 
-using TensorListT = std::vector<at::Tensor>;
 using internal::CastTo;
 using internal::FillComparison;
 using internal::FindTensor;
@@ -52,8 +51,8 @@ int InputSlot(const std::string& blob_name, const std::string& prefix) {
 }
 
 // The blobs of `role` for `layer` named PREFIX<k>, as a list ordered by k.
-StatusOr<TensorListT> LayerTensors(const v1::Capsule& c, v1::TensorRole role,
-                                   const std::string& layer, const std::string& prefix) {
+StatusOr<TensorList> LayerTensors(const v1::Capsule& c, v1::TensorRole role,
+                                  const std::string& layer, const std::string& prefix) {
   std::map<int, at::Tensor> by_slot;
   for (const auto& t : c.tensors()) {
     if (t.role() != role || t.layer() != layer) continue;
@@ -61,7 +60,7 @@ StatusOr<TensorListT> LayerTensors(const v1::Capsule& c, v1::TensorRole role,
     if (k < 0) continue;
     CAPSULE_ASSIGN_OR_RETURN(by_slot[k], TensorFromBlob(t));
   }
-  TensorListT out;
+  TensorList out;
   for (auto& [k, t] : by_slot) {
     if (k != static_cast<int>(out.size())) out.resize(k);
     out.push_back(t);
@@ -111,7 +110,7 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
   CAPSULE_RETURN_IF_ERROR(internal::RequireInputIds(full, batch));
 
   // The reference path up to the layer, as the full replay's reference run computes it.
-  TensorListT x = {batch.input_ids};
+  TensorList x = {batch.input_ids};
   try {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < index; ++i) x = ref.Forward(i, x, batch);
@@ -231,13 +230,13 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
     }
   }
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadEvalBatch(c));
-  CAPSULE_ASSIGN_OR_RETURN(TensorListT inputs,
+  CAPSULE_ASSIGN_OR_RETURN(TensorList inputs,
                            LayerTensors(c, v1::LAYER_INPUT, layer, layer + "/input."));
   if (inputs.empty()) return InvalidArgumentError("the extract holds no input of layer " + layer);
   if (i == 0 && !batch.input_ids.defined()) batch.input_ids = inputs.at(0);
 
   if (options.progress) options.progress("layer " + layer);
-  TensorListT ref_out, opt_out;
+  TensorList ref_out, opt_out;
   try {
     at::NoGradGuard no_grad;
     ref_out = ref.Forward(i, CastTo(inputs, ref.compute_dtype()), batch);
@@ -260,7 +259,7 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
   // Fidelity: the optimized layer on the captured optimized input gives the captured output.
   report.set_trigger(c.trigger().kind());
   report.set_captured_value(c.trigger().observed());
-  CAPSULE_ASSIGN_OR_RETURN(TensorListT captured_in,
+  CAPSULE_ASSIGN_OR_RETURN(TensorList captured_in,
                            LayerTensors(c, v1::OTHER, layer, layer + "/optimized_input."));
   const v1::TensorBlob* captured_out = nullptr;
   for (const auto& t : c.tensors()) {
@@ -268,7 +267,7 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
   }
   if (captured_out != nullptr && !captured_in.empty()) {
     CAPSULE_ASSIGN_OR_RETURN(at::Tensor want, TensorFromBlob(*captured_out));
-    TensorListT again;
+    TensorList again;
     try {
       at::NoGradGuard no_grad;
       again = opt.Forward(i, captured_in, batch);

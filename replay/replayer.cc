@@ -39,7 +39,6 @@ Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype) {
 
 namespace {
 
-using TensorListT = std::vector<at::Tensor>;
 using internal::CastTo;
 using internal::FillComparison;
 using internal::FromTorch;
@@ -113,8 +112,8 @@ bool IsLogits(const at::Tensor& t, size_t i, size_t n) {
 }
 
 struct ReferenceRun {
-  std::vector<LayerRecord> layers;   // inputs and first output of each layer, and output grads
-  std::vector<TensorListT> outputs;  // full outputs of each layer (no grad)
+  std::vector<LayerRecord> layers;  // inputs and first output of each layer, and output grads
+  std::vector<TensorList> outputs;  // full outputs of each layer (no grad)
   double loss = 0;
   bool anomalous = false;
   double grad_norm = 0;
@@ -131,7 +130,7 @@ StatusOr<ReferenceRun> RunReference(LayerSequence& ref, const LayerBatch& batch,
   run.anomalous = r.first_anomalous >= 0 || !std::isfinite(r.loss_value);
   const size_t n = r.layers.size();
   for (size_t i = 0; i < n; ++i) {
-    run.outputs.push_back(i + 1 < n ? r.layers[i + 1].inputs : TensorListT{r.loss});
+    run.outputs.push_back(i + 1 < n ? r.layers[i + 1].inputs : TensorList{r.loss});
   }
   run.layers = std::move(r.layers);
   return run;
@@ -144,7 +143,7 @@ Status CompareForward(Model& model, const ReferenceRun& ref_run, const LayerBatc
   const size_t n = opt.size();
   for (size_t i = 0; i < n; ++i) {
     if (options.progress) options.progress("layerwise forward " + opt.name(i));
-    TensorListT out;
+    TensorList out;
     try {
       at::NoGradGuard no_grad;
       out = opt.Forward(i, CastTo(ref_run.layers[i].inputs, opt.compute_dtype()), batch);
@@ -178,7 +177,7 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
   compare.atol_scale = AtolScale::kReferenceMax;
   auto grads_of = [&](LayerSequence& seq, size_t i, at::ScalarType dtype,
                       const at::Tensor& upstream) -> StatusOr<std::vector<NamedTensor>> {
-    TensorListT in = CastTo(ref_run.layers[i].inputs, dtype, /*requires_grad=*/true);
+    TensorList in = CastTo(ref_run.layers[i].inputs, dtype, /*requires_grad=*/true);
     std::vector<NamedTensor> wrt;
     for (size_t k = 0; k < in.size(); ++k) {
       if (in[k].defined() && in[k].requires_grad())
@@ -189,14 +188,14 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
     }
     if (wrt.empty()) return wrt;
     try {
-      TensorListT out = seq.Forward(i, in, batch);
+      TensorList out = seq.Forward(i, in, batch);
       if (!out.at(0).requires_grad()) return std::vector<NamedTensor>{};
-      TensorListT tensors;
+      TensorList tensors;
       for (const auto& w : wrt) tensors.push_back(w.second);
       const at::Tensor g =
           upstream.defined() ? upstream.detach().to(out[0].scalar_type()) : at::ones_like(out[0]);
-      TensorListT grads = torch::autograd::grad({out[0]}, tensors, {g}, /*retain_graph=*/false,
-                                                /*create_graph=*/false, /*allow_unused=*/true);
+      TensorList grads = torch::autograd::grad({out[0]}, tensors, {g}, /*retain_graph=*/false,
+                                               /*create_graph=*/false, /*allow_unused=*/true);
       std::vector<NamedTensor> named;
       for (size_t k = 0; k < grads.size(); ++k) named.emplace_back(wrt[k].first, grads[k]);
       return named;
@@ -234,11 +233,11 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
 }
 
 // Composite run k: layers [0, k) on OPTIMIZED, [k, n) on REFERENCE; returns every layer output.
-StatusOr<std::vector<TensorListT>> RunComposite(Model& model, const LayerBatch& batch, size_t k) {
+StatusOr<std::vector<TensorList>> RunComposite(Model& model, const LayerBatch& batch, size_t k) {
   LayerSequence& ref = model.Path(PathKind::kReference);
   LayerSequence& opt = model.Path(PathKind::kOptimized);
-  std::vector<TensorListT> outputs;
-  TensorListT x = {batch.input_ids};
+  std::vector<TensorList> outputs;
+  TensorList x = {batch.input_ids};
   try {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < opt.size(); ++i) {
@@ -263,24 +262,24 @@ Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& ba
   std::vector<size_t> compared = {n - 1};
   if (n >= 2 && ref_run.outputs[n - 2].at(0).dim() >= 1) compared.push_back(n - 2);
   v1::BisectReport& br = *report.mutable_bisect();
-  auto oracle = [&](size_t k) -> bisect::ProbeResult {
+  auto oracle = [&](size_t k) -> bisect::OracleAnswer {
     if (options.progress) options.progress("bisect probe k=" + std::to_string(k));
     auto outs = RunComposite(model, batch, k);
-    if (!outs.ok()) return bisect::ProbeResult::Error(outs.status().message());
+    if (!outs.ok()) return bisect::OracleAnswer::Error(outs.status().message());
     v1::BisectProbe& probe = *br.add_probe_log();
     probe.set_k(static_cast<int>(k));
     bool bad = false;
     for (size_t j : compared) {
       auto cmp =
           CompareTensors((*outs)[j].at(0), ref_run.outputs[j].at(0), opt.name(j), oracle_opts);
-      if (!cmp.ok()) return bisect::ProbeResult::Error(cmp.status().message());
+      if (!cmp.ok()) return bisect::OracleAnswer::Error(cmp.status().message());
       bad |= cmp->diverged;
       probe.set_max_rel_err(std::max(probe.max_rel_err(), cmp->max_rel_err));
       probe.set_max_abs_err(std::max(probe.max_abs_err(), cmp->max_abs_err));
       probe.set_nonfinite_mismatch(probe.nonfinite_mismatch() + cmp->nonfinite_mismatch);
     }
     probe.set_bad(bad);
-    return bisect::ProbeResult::FromBool(bad);
+    return bisect::OracleAnswer::FromBool(bad);
   };
   std::unique_ptr<bisect::Strategy> strategy;
   if (options.bisect == BisectMode::kLinear) {
