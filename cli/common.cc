@@ -8,9 +8,9 @@
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/format/signing.h"
-#include "capsule/proto/capsule.pb.h"
 #ifdef CAPSULE_WITH_TORCH
 #include "capsule/probe/environment.h"
+#include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/model_registry.h"
 #endif
 
