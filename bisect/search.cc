@@ -8,13 +8,13 @@ namespace {
 
 // Oracles are user code (model runs that may throw c10::Error or std::bad_alloc); an exception
 // must end the search with a message instead of unwinding through the caller's replay.
-ProbeResult CallOracle(const Oracle& oracle, size_t k) {
+OracleAnswer CallOracle(const Oracle& oracle, size_t k) {
   try {
     return oracle(k);
   } catch (const std::exception& e) {
-    return ProbeResult::Error(e.what());
+    return OracleAnswer::Error(e.what());
   } catch (...) {
-    return ProbeResult::Error("oracle threw a non-standard exception");
+    return OracleAnswer::Error("oracle threw a non-standard exception");
   }
 }
 
@@ -22,9 +22,9 @@ enum Answer : signed char { kUnknown = -1, kGood = 0, kBad = 1 };
 
 }  // namespace
 
-ProbeResult ProbeResult::Error(std::string message) {
+OracleAnswer OracleAnswer::Error(std::string message) {
   if (message.empty()) message = "oracle failed without a message";
-  return ProbeResult(Kind::kError, std::move(message));
+  return OracleAnswer(Kind::kError, std::move(message));
 }
 
 std::optional<bool> SearchResult::AnswerFor(size_t k) const {
@@ -114,7 +114,7 @@ SearchResult Search(Strategy& strategy, size_t n, const Oracle& oracle) {
       strategy.Record(k, answers[k] == kBad);
       continue;
     }
-    ProbeResult r = CallOracle(oracle, k);
+    OracleAnswer r = CallOracle(oracle, k);
     if (!r.ok()) {
       result.error = r.error();
       result.error_k = k;

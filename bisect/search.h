@@ -13,7 +13,7 @@
 //
 //   capsule::bisect::BisectStrategy strategy;
 //   capsule::bisect::SearchResult r = capsule::bisect::Search(strategy, num_layers, [&](size_t k) {
-//     return capsule::bisect::ProbeResult::FromBool(CompositeDiverges(k));
+//     return capsule::bisect::OracleAnswer::FromBool(CompositeDiverges(k));
 //   });
 //   if (!r.ok()) return Error(r.error);
 //   if (r.first_bad) Report("first bad layer", *r.first_bad, r.probes);
@@ -43,14 +43,14 @@ namespace bisect {
 
 // One oracle answer: good, bad, or an error that stops the search. This module depends on nothing,
 // so it carries its own tiny result type instead of capsule::Status; callers convert at the edge.
-class ProbeResult {
+class OracleAnswer {
  public:
-  static ProbeResult Good() { return ProbeResult(Kind::kGood, {}); }
-  static ProbeResult Bad() { return ProbeResult(Kind::kBad, {}); }
-  static ProbeResult FromBool(bool bad) { return bad ? Bad() : Good(); }
+  static OracleAnswer Good() { return OracleAnswer(Kind::kGood, {}); }
+  static OracleAnswer Bad() { return OracleAnswer(Kind::kBad, {}); }
+  static OracleAnswer FromBool(bool bad) { return bad ? Bad() : Good(); }
   // `message` should say what failed ("composite run k=3: out of memory"); an empty message is
   // replaced by a generic one so that an error is never silent.
-  static ProbeResult Error(std::string message);
+  static OracleAnswer Error(std::string message);
 
   bool ok() const { return kind_ != Kind::kError; }
   bool bad() const { return kind_ == Kind::kBad; }
@@ -58,15 +58,15 @@ class ProbeResult {
 
  private:
   enum class Kind { kGood, kBad, kError };
-  ProbeResult(Kind kind, std::string error) : kind_(kind), error_(std::move(error)) {}
+  OracleAnswer(Kind kind, std::string error) : kind_(kind), error_(std::move(error)) {}
 
   Kind kind_;
   std::string error_;
 };
 
 // Answers whether configuration k (1 <= k <= n) is bad. An exception thrown by the oracle is
-// caught by Search() and treated like ProbeResult::Error(what()).
-using Oracle = std::function<ProbeResult(size_t k)>;
+// caught by Search() and treated like OracleAnswer::Error(what()).
+using Oracle = std::function<OracleAnswer(size_t k)>;
 
 struct Probe {
   size_t k = 0;

@@ -53,7 +53,7 @@ int RunVerifyCommand(const VerifyOptions& options);
 
 struct RedactCliOptions {
   std::string file;
-  std::string drop;  // "text,tokens,paths,host" or a subset
+  std::string drop;  // a comma-separated subset of kRedactItemNames (format/redact.h)
   std::string key;   // private key signing the output
   std::string out;
   TrustOptions trust;
@@ -66,7 +66,7 @@ struct ReportCliOptions {
   TrustOptions trust;
   std::string format = "md";  // md | html | json
   std::string replay_json;    // `capsule replay --json` output to include; empty: none
-  std::string redact;         // "text,tokens,paths,host" or a subset, left out of the report
+  std::string redact;         // a subset of kRedactItemNames, left out of the report
   std::string out;            // empty: stdout
 };
 void SetupReportCommand(CLI::App& app, RunFn* run);

@@ -1,10 +1,10 @@
 #include <google/protobuf/util/json_util.h>
 
-#include <cmath>
 #include <iostream>
 #include <sstream>
 
 #include "capsule/base/sha256.h"
+#include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
@@ -13,15 +13,6 @@
 
 namespace capsule::cli {
 namespace {
-
-std::string FormatDouble(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::ostringstream os;
-  os.precision(6);
-  os << v;
-  return os.str();
-}
 
 std::string EnvelopeJson(const EnvelopeInfo& e) {
   std::ostringstream os;
@@ -51,18 +42,18 @@ void PrintSummary(const std::string& file, const DecodedCapsule& d, std::ostream
   if (e.signature_algorithm != kSigAlgNone) out << ", ed25519 key " << HexEncode(e.key_id);
   out << "\n";
   out << "  written by capsule " << c.writer_version() << " at "
-      << FormatUnixMicros(c.created_unix_micros()) << ", run \"" << c.run_name() << "\"\n";
+      << FormatUnixMicrosUtc(c.created_unix_micros()) << ", run \"" << c.run_name() << "\"\n";
 
   const v1::Trigger& t = c.trigger();
   out << "trigger: " << v1::TriggerKind_Name(t.kind()) << " at step " << c.step().global_step()
-      << " (observed " << FormatDouble(t.observed());
-  if (t.threshold() != 0) out << ", threshold " << FormatDouble(t.threshold());
+      << " (observed " << FormatSignificant(t.observed(), 6);
+  if (t.threshold() != 0) out << ", threshold " << FormatSignificant(t.threshold(), 6);
   out << ")\n";
   if (!t.rule().empty()) out << "  rule: " << t.rule() << "\n";
   if (!t.message().empty()) out << "  message: " << t.message() << "\n";
   if (t.capture_rerun() != v1::REPRODUCTION_UNSPECIFIED) {
     out << "  capture re-run: " << v1::Reproduction_Name(t.capture_rerun()) << " (observed "
-        << FormatDouble(t.rerun_observed()) << ")\n";
+        << FormatSignificant(t.rerun_observed(), 6) << ")\n";
   }
   if (c.step().history_size() > 0) {
     out << "  history: " << c.step().history_size() << " steps, " << c.step().history(0).step()

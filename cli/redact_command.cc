@@ -20,7 +20,7 @@ void SetupRedactCommand(CLI::App& app, RunFn* run) {
       app.add_subcommand("redact", "Write a re-signed copy of a capsule without private data");
   cmd->add_option("file", options->file, "Capsule file")->required();
   cmd->add_option("--drop", options->drop,
-                  "Comma-separated items to remove: text, tokens, paths, host")
+                  "Comma-separated items to remove: " + JoinRedactItemNames(", "))
       ->required();
   cmd->add_option("--key", options->key, "Private key (PEM, mode 0600) to sign the output with")
       ->required()

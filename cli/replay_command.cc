@@ -1,13 +1,11 @@
-#include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
-#include <cmath>
-#include <cstdio>
 #include <iostream>
 #include <sstream>
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
+#include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
@@ -16,17 +14,11 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/plugin_loader.h"
 #include "capsule/replay/replayer.h"
+#include "capsule/report/replay_text.h"
+#include "capsule/report/report.h"
 
 namespace capsule::cli {
 namespace {
-
-std::string Num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g", v);
-  return buf;
-}
 
 std::string Pad(const std::string& s, size_t width) {
   return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
@@ -35,7 +27,8 @@ std::string Pad(const std::string& s, size_t width) {
 void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
   out << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text() << "\n";
   out << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail() << ")\n";
-  out << "loss: optimized " << Num(r.optimized_loss()) << ", reference " << Num(r.reference_loss())
+  out << "loss: optimized " << FormatSignificant(r.optimized_loss(), 3) << ", reference "
+      << FormatSignificant(r.reference_loss(), 3)
       << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; " << r.intra_op_threads()
       << " intra-op threads\n";
   for (const auto& w : r.warnings()) out << "warning: " << w << "\n";
@@ -44,11 +37,13 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       << Pad("max rel err", 13) << Pad("non-finite", 12) << "verdict\n";
   for (const auto& l : r.layers()) {
     std::string verdict = l.verdict() == v1::DIVERGED ? "DIVERGED" : "ok";
-    if (l.name() == r.first_divergent_layer() && l.phase() == r.first_divergent_phase()) {
+    if (r.has_first_divergent_layer() && l.name() == r.first_divergent_layer() &&
+        l.phase() == r.first_divergent_phase()) {
       verdict += "  <- first divergence";
     }
     out << Pad(l.phase() == v1::FORWARD ? "forward" : "backward", 9) << Pad(l.name(), 12)
-        << Pad(l.tensor(), 26) << Pad(Num(l.max_abs_err()), 13) << Pad(Num(l.max_rel_err()), 13)
+        << Pad(l.tensor(), 26) << Pad(FormatSignificant(l.max_abs_err(), 3), 13)
+        << Pad(FormatSignificant(l.max_rel_err(), 3), 13)
         << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict << "\n";
   }
   if (r.has_bisect()) {
@@ -60,24 +55,11 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
     out << "\n";
     for (const auto& p : b.probe_log()) {
       out << "  k=" << Pad(std::to_string(p.k()), 4) << Pad(p.bad() ? "bad" : "good", 6)
-          << "max rel err " << Pad(Num(p.max_rel_err()), 10) << "non-finite "
+          << "max rel err " << Pad(FormatSignificant(p.max_rel_err(), 3), 10) << "non-finite "
           << p.nonfinite_mismatch() << "\n";
     }
   }
   if (!r.replay_command().empty()) out << "\nreplay: " << r.replay_command() << "\n";
-}
-
-std::string ToJson(const v1::ReplayReport& r) {
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  o.always_print_primitive_fields = true;
-  std::string json;
-  (void)google::protobuf::util::MessageToJsonString(r, &json, o);
-  // "No divergent layer" is null, not an empty name.
-  const std::string empty = "\"first_divergent_layer\":\"\"";
-  const size_t at = json.find(empty);
-  if (at != std::string::npos) json.replace(at, empty.size(), "\"first_divergent_layer\":null");
-  return json;
 }
 
 // Parses "NAME=ATOL,RTOL".
@@ -169,7 +151,11 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
   if (tty) std::cerr << "\r\033[K" << std::flush;
   if (!report.ok()) {
-    PrintError(report.status());
+    RerunFacts facts = RerunFactsOf(*loaded->decoded.capsule, registry);
+    facts.has_force = facts.has_weights = true;
+    facts.force = o.force;
+    facts.weights = !o.weights.empty();
+    PrintError(report.status(), RerunRemedy(report.status(), facts));
     return kExitError;
   }
   report->set_capsule(o.file);
@@ -181,8 +167,9 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   if (o.bisect_given) cmd += " --bisect=" + o.bisect;
   if (o.phase != "forward") cmd += " --phase " + o.phase;
   report->set_replay_command(cmd);
+  report->set_diagnosis_text(DiagnosisSentence(*report));
   if (o.json) {
-    std::cout << ToJson(*report) << "\n";
+    std::cout << ReplayReportToJson(*report);
   } else {
     PrintHuman(*report, std::cout);
   }

@@ -6,6 +6,7 @@
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/redact.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/report/report.h"
@@ -23,7 +24,7 @@ void SetupReportCommand(CLI::App& app, RunFn* run) {
                   "Include a replay result (`capsule replay --json` output)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--redact", options->redact,
-                  "Leave out of the report: comma-separated text, tokens, paths, host");
+                  "Leave out of the report: comma-separated " + JoinRedactItemNames(", "));
   AddTrustOptions(cmd, &options->trust);
   cmd->add_option("-o,--out", options->out, "Output file (written atomically); default stdout");
   cmd->callback([options, run] { *run = [options] { return RunReportCommand(*options); }; });
@@ -31,7 +32,7 @@ void SetupReportCommand(CLI::App& app, RunFn* run) {
 
 int RunReportCommand(const ReportCliOptions& o) {
   ReportOptions report_options;
-  auto redact = ParseReportRedaction(o.redact);
+  auto redact = ParseRedactItemList(o.redact);
   if (!redact.ok()) {
     PrintError(redact.status().WithContext("--redact"));
     return kExitError;

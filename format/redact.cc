@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <functional>
+#include <iterator>
 #include <set>
 #include <string_view>
 #include <unordered_set>
@@ -13,7 +14,6 @@
 namespace capsule {
 namespace {
 
-constexpr const char* kItems[] = {"text", "tokens", "paths", "host"};
 constexpr char kRedactedMark[] = "<redacted>";
 
 // A log line is dropped when it shares this many consecutive bytes with a sample's raw text: long
@@ -182,29 +182,46 @@ void RedactHost(v1::Capsule* c) {
 
 }  // namespace
 
-Status ParseRedactItems(std::string_view list, RedactOptions* options) {
-  if (list.empty()) {
-    return InvalidArgumentError("no item to drop; give some of text,tokens,paths,host");
-  }
+StatusOr<RedactItems> ParseRedactItemList(std::string_view list) {
+  RedactItems items;
+  bool* const flags[] = {&items.text, &items.tokens, &items.paths, &items.host};
+  if (list.empty()) return items;
   size_t start = 0;
   while (start <= list.size()) {
     size_t comma = list.find(',', start);
     if (comma == std::string_view::npos) comma = list.size();
     const std::string_view item = list.substr(start, comma - start);
-    if (item == "text") {
-      options->text = true;
-    } else if (item == "tokens") {
-      options->tokens = true;
-    } else if (item == "paths") {
-      options->paths = true;
-    } else if (item == "host") {
-      options->host = true;
-    } else {
-      return InvalidArgumentError("unknown item to drop \"" + std::string(item) +
-                                  "\"; give some of text,tokens,paths,host");
+    size_t i = 0;
+    while (i < std::size(kRedactItemNames) && kRedactItemNames[i] != item) ++i;
+    if (i == std::size(kRedactItemNames)) {
+      const std::string what = item.empty() ? "empty item in \"" + std::string(list) + "\""
+                                            : "unknown item to drop \"" + std::string(item) + "\"";
+      return InvalidArgumentError(what + "; give some of " + JoinRedactItemNames(","));
     }
+    *flags[i] = true;
     start = comma + 1;
   }
+  return items;
+}
+
+std::string JoinRedactItemNames(std::string_view separator) {
+  std::string out;
+  for (const std::string_view name : kRedactItemNames) {
+    if (!out.empty()) out += separator;
+    out += name;
+  }
+  return out;
+}
+
+Status ParseRedactItems(std::string_view list, RedactOptions* options) {
+  if (list.empty()) {
+    return InvalidArgumentError("no item to drop; give some of " + JoinRedactItemNames(","));
+  }
+  CAPSULE_ASSIGN_OR_RETURN(const RedactItems items, ParseRedactItemList(list));
+  options->text |= items.text;
+  options->tokens |= items.tokens;
+  options->paths |= items.paths;
+  options->host |= items.host;
   return Status::Ok();
 }
 
@@ -223,7 +240,7 @@ std::string TokenIdsSha256(const std::vector<int64_t>& ids) {
 Status RedactCapsule(v1::Capsule* capsule, const RedactOptions& options) {
   if (capsule == nullptr) return InvalidArgumentError("no capsule to redact");
   if (!options.text && !options.tokens && !options.paths && !options.host) {
-    return InvalidArgumentError("no item to drop; give some of text,tokens,paths,host");
+    return InvalidArgumentError("no item to drop; give some of " + JoinRedactItemNames(","));
   }
   if (!IsSha256Hex(options.source_sha256)) {
     return InvalidArgumentError("source_sha256 must be the source file's lowercase hex SHA-256");
@@ -238,12 +255,12 @@ Status RedactCapsule(v1::Capsule* capsule, const RedactOptions& options) {
   v1::Redaction* r = capsule->mutable_redaction();
   std::set<std::string> dropped(r->dropped().begin(), r->dropped().end());
   const bool chosen[] = {options.text, options.tokens, options.paths, options.host};
-  for (size_t i = 0; i < 4; ++i) {
-    if (chosen[i]) dropped.insert(kItems[i]);
+  for (size_t i = 0; i < std::size(kRedactItemNames); ++i) {
+    if (chosen[i]) dropped.insert(std::string(kRedactItemNames[i]));
   }
   r->clear_dropped();
-  for (const char* item : kItems) {
-    if (dropped.count(item) > 0) r->add_dropped(item);
+  for (const std::string_view item : kRedactItemNames) {
+    if (dropped.count(std::string(item)) > 0) r->add_dropped(std::string(item));
   }
   const int64_t now = options.now_unix_micros != 0
                           ? options.now_unix_micros

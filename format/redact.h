@@ -49,6 +49,25 @@ struct RedactOptions {
   int64_t now_unix_micros = 0;
 };
 
+// The items, in the order Capsule.redaction.dropped records them: the one list the parser, its
+// messages and the command line's help use.
+inline constexpr std::string_view kRedactItemNames[] = {"text", "tokens", "paths", "host"};
+
+// Which of the items a list names.
+struct RedactItems {
+  bool text = false;
+  bool tokens = false;
+  bool paths = false;
+  bool host = false;
+};
+
+// Parses a comma-separated list of item names (any subset, any order; "" names none).
+// kInvalidArgument naming the item when one is unknown or empty ("text,,host").
+StatusOr<RedactItems> ParseRedactItemList(std::string_view list);
+
+// The item names joined by `separator`: "text,tokens,paths,host".
+std::string JoinRedactItemNames(std::string_view separator);
+
 // Parses "text,tokens,paths,host" (any non-empty subset, any order) into `options`' items.
 // kInvalidArgument naming the unknown item otherwise.
 Status ParseRedactItems(std::string_view list, RedactOptions* options);

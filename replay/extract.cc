@@ -19,7 +19,6 @@
 namespace capsule {
 namespace {
 
-using TensorListT = std::vector<at::Tensor>;
 using internal::CastTo;
 using internal::FillComparison;
 using internal::FindTensor;
@@ -52,8 +51,8 @@ int InputSlot(const std::string& blob_name, const std::string& prefix) {
 }
 
 // The blobs of `role` for `layer` named PREFIX<k>, as a list ordered by k.
-StatusOr<TensorListT> LayerTensors(const v1::Capsule& c, v1::TensorRole role,
-                                   const std::string& layer, const std::string& prefix) {
+StatusOr<TensorList> LayerTensors(const v1::Capsule& c, v1::TensorRole role,
+                                  const std::string& layer, const std::string& prefix) {
   std::map<int, at::Tensor> by_slot;
   for (const auto& t : c.tensors()) {
     if (t.role() != role || t.layer() != layer) continue;
@@ -61,7 +60,7 @@ StatusOr<TensorListT> LayerTensors(const v1::Capsule& c, v1::TensorRole role,
     if (k < 0) continue;
     CAPSULE_ASSIGN_OR_RETURN(by_slot[k], TensorFromBlob(t));
   }
-  TensorListT out;
+  TensorList out;
   for (auto& [k, t] : by_slot) {
     if (k != static_cast<int>(out.size())) out.resize(k);
     out.push_back(t);
@@ -102,29 +101,16 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
   CAPSULE_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
       registry.Create({full.model().registry_name(), full.model().config_json()}));
-  std::vector<NamedTensor> params;
-  for (const auto& t : full.tensors()) {
-    if (t.role() != v1::PARAMETER) continue;
-    CAPSULE_ASSIGN_OR_RETURN(at::Tensor p, TensorFromBlob(t));
-    params.emplace_back(t.name(), p);
-  }
+  CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> params, internal::ParameterTensors(full));
   Status s = model->LoadParameters(params);
   if (!s.ok()) return s.WithContext("cannot load the capsule's weights");
   LayerSequence& ref = model->Path(PathKind::kReference);
   CAPSULE_ASSIGN_OR_RETURN(const size_t index, LayerIndex(ref, options.layer));
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadEvalBatch(full));
-  if (!batch.input_ids.defined()) {
-    bool redacted = false;
-    for (const auto& seq : full.data().sequences()) redacted |= !seq.token_ids_sha256().empty();
-    return FailedPreconditionError(
-        redacted
-            ? "the capsule's token ids were redacted, so the layer's input cannot be computed; "
-              "extract from the unredacted capsule"
-            : "the capsule has no input_ids tensor; the layer's input cannot be computed");
-  }
+  CAPSULE_RETURN_IF_ERROR(internal::RequireInputIds(full, batch));
 
   // The reference path up to the layer, as the full replay's reference run computes it.
-  TensorListT x = {batch.input_ids};
+  TensorList x = {batch.input_ids};
   try {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < index; ++i) x = ref.Forward(i, x, batch);
@@ -225,11 +211,8 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
                            registry.Create({c.model().registry_name(), c.model().config_json()}));
   // LoadParameters wants every parameter: the model's own initial values stand in for the layers
   // the extract does not hold, which this replay never runs.
-  std::map<std::string, at::Tensor> embedded;
-  for (const auto& t : c.tensors()) {
-    if (t.role() != v1::PARAMETER) continue;
-    CAPSULE_ASSIGN_OR_RETURN(embedded[t.name()], TensorFromBlob(t));
-  }
+  CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> params, internal::ParameterTensors(c));
+  const std::map<std::string, at::Tensor> embedded(params.begin(), params.end());
   std::vector<NamedTensor> merged;
   for (const NamedTensor& p : model->NamedParameters()) {
     auto it = embedded.find(p.first);
@@ -247,13 +230,13 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
     }
   }
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadEvalBatch(c));
-  CAPSULE_ASSIGN_OR_RETURN(TensorListT inputs,
+  CAPSULE_ASSIGN_OR_RETURN(TensorList inputs,
                            LayerTensors(c, v1::LAYER_INPUT, layer, layer + "/input."));
   if (inputs.empty()) return InvalidArgumentError("the extract holds no input of layer " + layer);
   if (i == 0 && !batch.input_ids.defined()) batch.input_ids = inputs.at(0);
 
   if (options.progress) options.progress("layer " + layer);
-  TensorListT ref_out, opt_out;
+  TensorList ref_out, opt_out;
   try {
     at::NoGradGuard no_grad;
     ref_out = ref.Forward(i, CastTo(inputs, ref.compute_dtype()), batch);
@@ -276,7 +259,7 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
   // Fidelity: the optimized layer on the captured optimized input gives the captured output.
   report.set_trigger(c.trigger().kind());
   report.set_captured_value(c.trigger().observed());
-  CAPSULE_ASSIGN_OR_RETURN(TensorListT captured_in,
+  CAPSULE_ASSIGN_OR_RETURN(TensorList captured_in,
                            LayerTensors(c, v1::OTHER, layer, layer + "/optimized_input."));
   const v1::TensorBlob* captured_out = nullptr;
   for (const auto& t : c.tensors()) {
@@ -284,7 +267,7 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
   }
   if (captured_out != nullptr && !captured_in.empty()) {
     CAPSULE_ASSIGN_OR_RETURN(at::Tensor want, TensorFromBlob(*captured_out));
-    TensorListT again;
+    TensorList again;
     try {
       at::NoGradGuard no_grad;
       again = opt.Forward(i, captured_in, batch);
@@ -301,18 +284,14 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
                                " (captured for the first anomalous layer only); not judged");
   }
 
+  report.set_extract_layer(layer);
   if (cmp.diverged) {
     report.set_diagnosis(v1::NUMERICS);
     report.set_first_divergent_layer(layer);
     report.set_first_divergent_phase(v1::FORWARD);
-    report.set_diagnosis_text("numerics in the optimized path: layer " + layer +
-                              " diverges from the reference on its reference input (extract)");
+    report.set_first_divergent_source(v1::LAYERWISE);
   } else {
     report.set_diagnosis(v1::NO_DIVERGENCE);
-    report.set_diagnosis_text(
-        "no divergence: the optimized and reference paths agree within "
-        "tolerance on layer " +
-        layer + " (extract)");
   }
   return report;
 }

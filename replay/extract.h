@@ -39,10 +39,10 @@ struct ExtractOptions {
   std::string source_sha256;
 };
 
-// kInvalidArgument: no such layer, or the capsule is itself an extract; kFailedPrecondition: the
-// capsule does not embed all weights (needed for the reference input) or its torch version
-// differs (the reference input would not be the one the full replay computes); kNotFound: model
-// not registered.
+// kInvalidArgument: no such layer, no input_ids, or the capsule is itself an extract;
+// kFailedPrecondition: the capsule does not embed all weights (needed for the reference input),
+// its token ids were redacted, or its torch version differs (the reference input would not be the
+// one the full replay computes); kNotFound: model not registered.
 StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry& registry,
                                    const ExtractOptions& options);
 

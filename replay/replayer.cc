@@ -21,52 +21,27 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/extract.h"
 #include "capsule/replay/internal/capsule_inputs.h"
+#include "capsule/replay/internal/diagnosis.h"
 
 namespace capsule {
 
 Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype) {
-  // The oracle compares a composite run's final outputs (logits and loss) with the all-reference
-  // run, so the error of every optimized layer in the prefix accumulates. Measured with
-  // `capsule replay --bisect=linear` on clean manual captures of tiny_gpt (4 and 8 blocks, seeds
-  // 0-2, steps 0 and 30): every composite run stayed within 2.6e-6 absolute error (the largest
-  // relative errors, up to 3e-2, sit on near-zero logits and pass through atol). Bad composite runs
-  // of the finite faults (eps, tail-block at blocks.1) were 2.8e-2 absolute or more. Ten times the
-  // per-layer float32 tolerance (atol 2e-4, rtol 1e-4) leaves a margin of ~75x above the clean
-  // runs and ~140x below the faults.
+  // Composite runs accumulate the error of every optimized layer in the prefix, so the oracle
+  // allows ten times the per-layer tolerance; the measurements are in docs/TOLERANCES.md.
   const Tolerance layer = DefaultTolerance(candidate_dtype);
   return Tolerance{layer.atol * 10, layer.rtol * 10};
 }
 
 namespace {
 
-using TensorListT = std::vector<at::Tensor>;
 using internal::CastTo;
 using internal::FillComparison;
 using internal::FromTorch;
 
 StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch b, internal::LoadBatchTensors(c));
-  if (!b.input_ids.defined()) {
-    bool redacted = false;
-    for (const auto& s : c.data().sequences()) redacted |= !s.token_ids_sha256().empty();
-    if (redacted) {
-      return FailedPreconditionError(
-          "the capsule's token ids were redacted (only their SHA-256 is kept), so the step cannot "
-          "be re-run; replay the unredacted capsule");
-    }
-    return InvalidArgumentError("capsule has no input_ids tensor; it cannot be replayed");
-  }
+  CAPSULE_RETURN_IF_ERROR(internal::RequireInputIds(c, b));
   return b;
-}
-
-StatusOr<std::vector<NamedTensor>> ParametersOf(const v1::Capsule& c) {
-  std::vector<NamedTensor> params;
-  for (const auto& t : c.tensors()) {
-    if (t.role() != v1::PARAMETER) continue;
-    CAPSULE_ASSIGN_OR_RETURN(at::Tensor p, TensorFromBlob(t));
-    params.emplace_back(t.name(), p);
-  }
-  return params;
 }
 
 Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& model,
@@ -78,17 +53,16 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
     ro.allow_unsigned = true;  // a weights file is checked by its canonical hash, not its signer
     ro.allow_untrusted = true;
     auto weights = ReadCapsuleFile(options.weights_path, ro);
-    if (!weights.ok()) return weights.status().WithContext("--weights");
-    CAPSULE_ASSIGN_OR_RETURN(params, ParametersOf(*weights->capsule));
-    source = "--weights " + options.weights_path;
+    if (!weights.ok()) return weights.status().WithContext("weights " + options.weights_path);
+    CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(*weights->capsule));
+    source = options.weights_path;
   } else {
     if (c.model().weight_policy() != v1::WEIGHTS_ALL) {
       return FailedPreconditionError(
           "the capsule does not embed the model's weights (weight policy " +
-          v1::WeightPolicy_Name(c.model().weight_policy()) +
-          "); pass them with --weights FILE (a capsule written with weight policy ALL)");
+          v1::WeightPolicy_Name(c.model().weight_policy()) + ")");
     }
-    CAPSULE_ASSIGN_OR_RETURN(params, ParametersOf(c));
+    CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(c));
     source = "the capsule";
   }
   if (params.empty()) return FailedPreconditionError("no parameters in " + source);
@@ -100,9 +74,7 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
                             "…, the capsule was recorded with " +
                             c.identity().model_sha256().substr(0, 16) + "…";
     if (!options.force) {
-      return FailedPreconditionError(msg +
-                                     "; these are another model's weights (--force to "
-                                     "replay anyway)");
+      return FailedPreconditionError(msg + "; these are another model's weights");
     }
     report.add_warnings(msg);
   }
@@ -132,8 +104,8 @@ bool IsLogits(const at::Tensor& t, size_t i, size_t n) {
 }
 
 struct ReferenceRun {
-  std::vector<LayerRecord> layers;   // inputs and first output of each layer, and output grads
-  std::vector<TensorListT> outputs;  // full outputs of each layer (no grad)
+  std::vector<LayerRecord> layers;  // inputs and first output of each layer, and output grads
+  std::vector<TensorList> outputs;  // full outputs of each layer (no grad)
   double loss = 0;
   bool anomalous = false;
   double grad_norm = 0;
@@ -150,7 +122,7 @@ StatusOr<ReferenceRun> RunReference(LayerSequence& ref, const LayerBatch& batch,
   run.anomalous = r.first_anomalous >= 0 || !std::isfinite(r.loss_value);
   const size_t n = r.layers.size();
   for (size_t i = 0; i < n; ++i) {
-    run.outputs.push_back(i + 1 < n ? r.layers[i + 1].inputs : TensorListT{r.loss});
+    run.outputs.push_back(i + 1 < n ? r.layers[i + 1].inputs : TensorList{r.loss});
   }
   run.layers = std::move(r.layers);
   return run;
@@ -163,7 +135,7 @@ Status CompareForward(Model& model, const ReferenceRun& ref_run, const LayerBatc
   const size_t n = opt.size();
   for (size_t i = 0; i < n; ++i) {
     if (options.progress) options.progress("layerwise forward " + opt.name(i));
-    TensorListT out;
+    TensorList out;
     try {
       at::NoGradGuard no_grad;
       out = opt.Forward(i, CastTo(ref_run.layers[i].inputs, opt.compute_dtype()), batch);
@@ -197,7 +169,7 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
   compare.atol_scale = AtolScale::kReferenceMax;
   auto grads_of = [&](LayerSequence& seq, size_t i, at::ScalarType dtype,
                       const at::Tensor& upstream) -> StatusOr<std::vector<NamedTensor>> {
-    TensorListT in = CastTo(ref_run.layers[i].inputs, dtype, /*requires_grad=*/true);
+    TensorList in = CastTo(ref_run.layers[i].inputs, dtype, /*requires_grad=*/true);
     std::vector<NamedTensor> wrt;
     for (size_t k = 0; k < in.size(); ++k) {
       if (in[k].defined() && in[k].requires_grad())
@@ -208,14 +180,14 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
     }
     if (wrt.empty()) return wrt;
     try {
-      TensorListT out = seq.Forward(i, in, batch);
+      TensorList out = seq.Forward(i, in, batch);
       if (!out.at(0).requires_grad()) return std::vector<NamedTensor>{};
-      TensorListT tensors;
+      TensorList tensors;
       for (const auto& w : wrt) tensors.push_back(w.second);
       const at::Tensor g =
           upstream.defined() ? upstream.detach().to(out[0].scalar_type()) : at::ones_like(out[0]);
-      TensorListT grads = torch::autograd::grad({out[0]}, tensors, {g}, /*retain_graph=*/false,
-                                                /*create_graph=*/false, /*allow_unused=*/true);
+      TensorList grads = torch::autograd::grad({out[0]}, tensors, {g}, /*retain_graph=*/false,
+                                               /*create_graph=*/false, /*allow_unused=*/true);
       std::vector<NamedTensor> named;
       for (size_t k = 0; k < grads.size(); ++k) named.emplace_back(wrt[k].first, grads[k]);
       return named;
@@ -253,11 +225,11 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
 }
 
 // Composite run k: layers [0, k) on OPTIMIZED, [k, n) on REFERENCE; returns every layer output.
-StatusOr<std::vector<TensorListT>> RunComposite(Model& model, const LayerBatch& batch, size_t k) {
+StatusOr<std::vector<TensorList>> RunComposite(Model& model, const LayerBatch& batch, size_t k) {
   LayerSequence& ref = model.Path(PathKind::kReference);
   LayerSequence& opt = model.Path(PathKind::kOptimized);
-  std::vector<TensorListT> outputs;
-  TensorListT x = {batch.input_ids};
+  std::vector<TensorList> outputs;
+  TensorList x = {batch.input_ids};
   try {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < opt.size(); ++i) {
@@ -282,24 +254,24 @@ Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& ba
   std::vector<size_t> compared = {n - 1};
   if (n >= 2 && ref_run.outputs[n - 2].at(0).dim() >= 1) compared.push_back(n - 2);
   v1::BisectReport& br = *report.mutable_bisect();
-  auto oracle = [&](size_t k) -> bisect::ProbeResult {
+  auto oracle = [&](size_t k) -> bisect::OracleAnswer {
     if (options.progress) options.progress("bisect probe k=" + std::to_string(k));
     auto outs = RunComposite(model, batch, k);
-    if (!outs.ok()) return bisect::ProbeResult::Error(outs.status().message());
+    if (!outs.ok()) return bisect::OracleAnswer::Error(outs.status().message());
     v1::BisectProbe& probe = *br.add_probe_log();
     probe.set_k(static_cast<int>(k));
     bool bad = false;
     for (size_t j : compared) {
       auto cmp =
           CompareTensors((*outs)[j].at(0), ref_run.outputs[j].at(0), opt.name(j), oracle_opts);
-      if (!cmp.ok()) return bisect::ProbeResult::Error(cmp.status().message());
+      if (!cmp.ok()) return bisect::OracleAnswer::Error(cmp.status().message());
       bad |= cmp->diverged;
       probe.set_max_rel_err(std::max(probe.max_rel_err(), cmp->max_rel_err));
       probe.set_max_abs_err(std::max(probe.max_abs_err(), cmp->max_abs_err));
       probe.set_nonfinite_mismatch(probe.nonfinite_mismatch() + cmp->nonfinite_mismatch);
     }
     probe.set_bad(bad);
-    return bisect::ProbeResult::FromBool(bad);
+    return bisect::OracleAnswer::FromBool(bad);
   };
   std::unique_ptr<bisect::Strategy> strategy;
   if (options.bisect == BisectMode::kLinear) {
@@ -322,6 +294,10 @@ Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& ba
 bool SameBits(double a, double b) {
   return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof(double)) == 0;
 }
+
+}  // namespace
+
+namespace internal {
 
 // The captured value of the quantity the trigger watched, and whether the replayed run fires it
 // (the rule the Monitor's capture re-run uses too: probe/trigger_rule.h).
@@ -366,6 +342,10 @@ void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayRepor
   report.set_fidelity_detail(detail);
 }
 
+}  // namespace internal
+
+namespace {
+
 bool ReferenceShowsAnomaly(const v1::Capsule& c, const ReferenceRun& ref) {
   const v1::Trigger& t = c.trigger();
   switch (t.kind()) {
@@ -379,80 +359,6 @@ bool ReferenceShowsAnomaly(const v1::Capsule& c, const ReferenceRun& ref) {
     default:
       return ref.anomalous;
   }
-}
-
-std::string Fmt(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g", v);
-  return buf;
-}
-
-void Diagnose(v1::ReplayReport& report) {
-  const v1::LayerComparison* first = nullptr;
-  for (const auto& l : report.layers()) {
-    if (l.verdict() == v1::DIVERGED && l.phase() == v1::FORWARD) {
-      first = &l;
-      break;
-    }
-  }
-  if (first == nullptr) {
-    // Backward entries run from the last layer down; the first divergent gradient in execution
-    // order is the lowest index.
-    for (const auto& l : report.layers()) {
-      if (l.verdict() == v1::DIVERGED && (first == nullptr || l.index() < first->index())) {
-        first = &l;
-      }
-    }
-  }
-  if (first != nullptr) {
-    report.set_first_divergent_layer(first->name());
-    report.set_first_divergent_phase(first->phase());
-  }
-  std::string text;
-  if (report.fidelity() == v1::NOT_REPRODUCED) {
-    report.set_diagnosis(v1::TRANSIENT);
-    text = "transient: the failure did not reproduce (" + report.fidelity_detail() +
-           "); suspect hardware, a race or a nondeterministic kernel, and rerun elsewhere";
-  } else if (report.reference_anomalous()) {
-    report.set_diagnosis(v1::DATA_OR_MODEL);
-    text =
-        "data or model, not numerics: the FP64 reference path shows the same anomaly (reference "
-        "loss " +
-        Fmt(report.reference_loss()) +
-        "); look at the step's samples, masks, labels "
-        "and learning rate rather than skipping the batch";
-  } else if (first != nullptr) {
-    report.set_diagnosis(v1::NUMERICS);
-    text = "numerics in the optimized path: first divergent layer " + first->name() + " (" +
-           (first->phase() == v1::FORWARD ? "forward" : "backward") + ", " +
-           (first->nonfinite_mismatch() > 0
-                ? std::to_string(first->nonfinite_mismatch()) + " non-finite mismatches"
-                : "max rel err " + Fmt(first->max_rel_err())) +
-           ")";
-    if (report.has_bisect() && !report.bisect().strategy().empty()) {
-      const auto& b = report.bisect();
-      text +=
-          b.first_bad_layer() == first->name()
-              ? "; " + b.strategy() + " confirms it in " + std::to_string(b.probes()) + " runs"
-              : "; " + b.strategy() + " points at " +
-                    (b.first_bad_layer().empty() ? std::string("no layer") : b.first_bad_layer()) +
-                    " instead (errors may cancel downstream)";
-    }
-  } else if (report.has_bisect() && !report.bisect().first_bad_layer().empty()) {
-    // Layerwise comparison was off or passed, but composite runs still diverge.
-    report.set_diagnosis(v1::NUMERICS);
-    report.set_first_divergent_layer(report.bisect().first_bad_layer());
-    report.set_first_divergent_phase(v1::FORWARD);
-    text = "numerics in the optimized path: " + report.bisect().strategy() +
-           " names first bad layer " + report.bisect().first_bad_layer() + " in " +
-           std::to_string(report.bisect().probes()) + " composite runs";
-  } else {
-    report.set_diagnosis(v1::NO_DIVERGENCE);
-    text =
-        "no divergence: the optimized and reference paths agree within tolerance on every "
-        "compared layer";
-  }
-  report.set_diagnosis_text(text);
 }
 
 }  // namespace
@@ -489,7 +395,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   CAPSULE_RETURN_IF_ERROR(RestoreRng(c));
   {
     CAPSULE_ASSIGN_OR_RETURN(ProbeResult run, ProbeStep(model->Path(trainer_path), batch, {}));
-    JudgeFidelity(c, run, report);
+    internal::JudgeFidelity(c, run, report);
     report.set_optimized_loss(run.loss_value);
   }
 
@@ -522,7 +428,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   }
 
   // 5. Diagnosis.
-  Diagnose(report);
+  internal::Diagnose(report);
   return report;
 }
 

@@ -1,9 +1,9 @@
 // Replayer: re-runs a capsule and names the first semantic divergence.
 //
 // From the capsule alone (plus the model's registry entry) it rebuilds the model, loads the
-// embedded weights (or --weights, whose canonical hash must match), checks and pins the
-// environment (thread count, deterministic flag; a different torch version is refused unless
-// forced), then:
+// embedded weights (or those of options.weights_path, whose canonical hash must match), checks and
+// pins the environment (thread count, deterministic flag; a different torch version is refused
+// unless forced), then:
 //   1. fidelity: restores the RNG and batch and runs the path the trainer ran; the trigger fires
 //      again bitwise (REPRODUCED_EXACT), approximately, or not at all (NOT_REPRODUCED);
 //   2. reference run: the same step on the REFERENCE path (FP64): does the anomaly show there too?
@@ -15,13 +15,14 @@
 //      run; the smallest bad k names the first bad layer in at most ceil(log2 n) + 1 runs;
 //   5. diagnosis: TRANSIENT (not reproduced), DATA_OR_MODEL (reference shows it too), NUMERICS
 //      (optimized path diverges at layer L) or NO_DIVERGENCE.
-// The result is data (capsule.v1.ReplayReport); rendering it is the caller's job.
+// The result is data (capsule.v1.ReplayReport), facts and no sentences; rendering it is the
+// caller's job (report/replay_text.h phrases the diagnosis).
 //
 //   capsule::ReplayOptions options;
 //   options.bisect = capsule::BisectMode::kBisect;
 //   CAPSULE_ASSIGN_OR_RETURN(capsule::v1::ReplayReport r,
 //                            capsule::ReplayCapsule(*decoded.capsule, registry, options));
-//   std::cout << r.diagnosis_text() << "\n";
+//   if (r.diagnosis() == capsule::v1::NUMERICS) std::cout << r.first_divergent_layer() << "\n";
 //
 // Thread safety: one replay at a time per process: it sets LibTorch's global thread count,
 // deterministic flag and default RNG state.
@@ -65,7 +66,7 @@ struct ReplayOptions {
   std::function<void(const std::string&)> progress;
 };
 
-// The oracle's default tolerance for a candidate dtype (replayer.cc has the measurements).
+// The oracle's default tolerance for a candidate dtype (docs/TOLERANCES.md has the measurements).
 Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype);
 
 // kNotFound: model not registered; kFailedPrecondition: weights or environment mismatch without

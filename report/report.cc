@@ -5,14 +5,17 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <ctime>
+#include <iterator>
 #include <map>
 #include <sstream>
 
 #include "capsule/base/sha256.h"
+#include "capsule/base/strings.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
+#include "capsule/report/replay_text.h"
 
 namespace capsule {
 namespace {
@@ -39,15 +42,6 @@ std::string PathName(v1::ExecutionPath p) {
     default:
       return "";
   }
-}
-
-std::string Rfc3339(int64_t micros) {
-  const std::time_t secs = static_cast<std::time_t>(micros / 1000000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::string Join(const std::vector<std::string>& parts, const char* sep) {
@@ -113,7 +107,8 @@ void FillEnvironment(const v1::Environment& e, const ReportRedaction& redact,
 ReportReplay ReplayModel(const v1::ReplayReport& r) {
   ReportReplay m;
   m.diagnosis = v1::Diagnosis_Name(r.diagnosis());
-  m.diagnosis_text = r.diagnosis_text();
+  // `capsule replay --json` output carries the sentence it printed; a report shows the same one.
+  m.diagnosis_text = r.diagnosis_text().empty() ? DiagnosisSentence(r) : r.diagnosis_text();
   m.fidelity = v1::Fidelity_Name(r.fidelity());
   m.fidelity_detail = r.fidelity_detail();
   m.captured_value = r.captured_value();
@@ -154,28 +149,8 @@ ReportReplay ReplayModel(const v1::ReplayReport& r) {
 
 }  // namespace
 
-StatusOr<ReportRedaction> ParseReportRedaction(std::string_view list) {
-  ReportRedaction r;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t comma = list.find(',', start);
-    if (comma == std::string_view::npos) comma = list.size();
-    const std::string_view item = list.substr(start, comma - start);
-    if (item == "text") {
-      r.text = true;
-    } else if (item == "tokens") {
-      r.tokens = true;
-    } else if (item == "paths") {
-      r.paths = true;
-    } else if (item == "host") {
-      r.host = true;
-    } else if (!item.empty()) {
-      return InvalidArgumentError("unknown redaction \"" + std::string(item) +
-                                  "\" (use text, tokens, paths, host)");
-    }
-    start = comma + 1;
-  }
-  return r;
+std::string ReplayReportToJson(const v1::ReplayReport& report) {
+  return internal::PrintJson(report);
 }
 
 StatusOr<std::unique_ptr<v1::ReplayReport>> ParseReplayReportJson(std::string_view json) {
@@ -208,14 +183,14 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
   }
   m.file_name = BaseName(options.file_name);
   m.file_sha256 = options.file_sha256;
-  if (redact.text) m.redacted.push_back("text");
-  if (redact.tokens) m.redacted.push_back("tokens");
-  if (redact.paths) m.redacted.push_back("paths");
-  if (redact.host) m.redacted.push_back("host");
+  const bool left_out[] = {redact.text, redact.tokens, redact.paths, redact.host};
+  for (size_t i = 0; i < std::size(kRedactItemNames); ++i) {
+    if (left_out[i]) m.redacted.emplace_back(kRedactItemNames[i]);
+  }
 
   m.run_name = c.run_name();
   m.writer_version = c.writer_version();
-  m.created = Rfc3339(c.created_unix_micros());
+  m.created = FormatUnixMicrosUtc(c.created_unix_micros());
 
   const v1::Trigger& t = c.trigger();
   m.trigger_kind = v1::TriggerKind_Name(t.kind());
@@ -313,9 +288,9 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
 
   std::ostringstream summary;
   summary << m.trigger_kind << " at step " << m.step << " of run \"" << m.run_name
-          << "\" (observed " << internal::HumanNumber(m.trigger_observed);
+          << "\" (observed " << FormatSignificant(m.trigger_observed, 6);
   if (m.trigger_threshold != 0)
-    summary << ", threshold " << internal::HumanNumber(m.trigger_threshold);
+    summary << ", threshold " << FormatSignificant(m.trigger_threshold, 6);
   summary << ")";
   if (!m.first_anomalous_layer.empty()) {
     summary << "; first anomalous layer " << m.first_anomalous_layer;

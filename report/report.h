@@ -3,7 +3,7 @@
 // given a replay result, the per-layer divergence) into a plain ReportModel; the Render*
 // functions print that one model as Markdown (for an issue), self-contained HTML with inline SVG
 // charts, or JSON. Keeping the facts apart from their presentation means the three formats can
-// never disagree (DESIGN.md §6).
+// never disagree (cli/capsule.md, "report", lists what each shows).
 //
 //   capsule::ReportOptions options;
 //   options.file_name = "run-step5.capsule";
@@ -27,6 +27,7 @@
 #include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/envelope.h"
+#include "capsule/format/redact.h"
 
 namespace capsule::v1 {
 class ReplayReport;
@@ -34,16 +35,10 @@ class ReplayReport;
 
 namespace capsule {
 
-// What to leave out of the report (the capsule itself is not changed; `capsule redact` does that).
-struct ReportRedaction {
-  bool text = false;    // raw sample text
-  bool tokens = false;  // token ids and labels
-  bool paths = false;   // file paths are reduced to their base names
-  bool host = false;    // the host name
-};
-
-// Parses "text,tokens,paths,host" (any subset, comma-separated); kInvalidArgument otherwise.
-StatusOr<ReportRedaction> ParseReportRedaction(std::string_view list);
+// What to leave out of the report (the capsule itself is not changed; `capsule redact` does that):
+// text is raw sample text, tokens are token ids and labels, paths reduces file paths to their base
+// names, host is the host name. Parsed with ParseRedactItemList (format/redact.h).
+using ReportRedaction = RedactItems;
 
 struct ReportOptions {
   // The capsule file's name as the report shows it and uses in the commands; reduced to its base
@@ -196,8 +191,13 @@ struct ReportModel {
 ReportModel BuildReportModel(const v1::Capsule& capsule, const EnvelopeInfo& envelope,
                              const v1::ReplayReport* replay, const ReportOptions& options);
 
-// Parses `capsule replay --json` output (protobuf's JSON mapping; "first_divergent_layer":null is
-// accepted). kInvalidArgument when it is not a ReplayReport.
+// A replay result as `capsule replay --json` prints it: protobuf's JSON mapping with the .proto's
+// field names, every field present but first_divergent_layer, which is absent when no layer
+// diverged. One line with a trailing newline.
+std::string ReplayReportToJson(const v1::ReplayReport& report);
+
+// Parses what ReplayReportToJson prints (and older output, where "first_divergent_layer" was
+// null). kInvalidArgument when it is not a ReplayReport.
 StatusOr<std::unique_ptr<v1::ReplayReport>> ParseReplayReportJson(std::string_view json);
 
 std::string RenderMarkdown(const ReportModel& model);

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <sstream>
 
+#include "capsule/base/strings.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"
 
@@ -14,20 +14,13 @@ namespace capsule {
 namespace {
 
 using internal::HtmlEscape;
-using internal::HumanNumber;
 
 constexpr double kChartWidth = 800;
 constexpr double kLeft = 60;  // room for the y-axis labels
 constexpr double kRight = 20;
 constexpr double kTop = 24;  // room for the flags above bars
 
-std::string Num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", v);
-  return buf;
-}
-
-std::string Opt(const std::optional<double>& v) { return v ? HumanNumber(*v) : "-"; }
+std::string Opt(const std::optional<double>& v) { return v ? FormatSignificant(*v, 6) : "-"; }
 
 // A log10 axis covering [lo, hi] decades; values at or below 0 sit on the floor.
 struct LogAxis {
@@ -62,17 +55,17 @@ void LogTicks(std::ostream& out, const LogAxis& a, double top, double height) {
   for (int d = a.lo; d <= a.hi; d += step) {
     const double y = top + height * (1 - static_cast<double>(d - a.lo) / (a.hi - a.lo));
     out << "<line class=\"grid\" x1=\"" << kLeft << "\" x2=\"" << kChartWidth - kRight << "\" y1=\""
-        << Num(y) << "\" y2=\"" << Num(y) << "\"/>"
-        << "<text class=\"tick\" x=\"" << kLeft - 6 << "\" y=\"" << Num(y + 4)
+        << FormatFixed(y, 1) << "\" y2=\"" << FormatFixed(y, 1) << "\"/>"
+        << "<text class=\"tick\" x=\"" << kLeft - 6 << "\" y=\"" << FormatFixed(y + 4, 1)
         << "\" text-anchor=\"end\">1e" << d << "</text>\n";
   }
 }
 
 // Bar labels under the plot, rotated so long layer names fit.
 void BarLabel(std::ostream& out, double x, double y, const std::string& text) {
-  out << "<text class=\"label\" x=\"" << Num(x) << "\" y=\"" << Num(y)
-      << "\" transform=\"rotate(40 " << Num(x) << " " << Num(y) << ")\">" << HtmlEscape(text)
-      << "</text>\n";
+  out << "<text class=\"label\" x=\"" << FormatFixed(x, 1) << "\" y=\"" << FormatFixed(y, 1)
+      << "\" transform=\"rotate(40 " << FormatFixed(x, 1) << " " << FormatFixed(y, 1) << ")\">"
+      << HtmlEscape(text) << "</text>\n";
 }
 
 void AbsmaxChart(std::ostream& out, const ReportModel& m) {
@@ -103,16 +96,18 @@ void AbsmaxChart(std::ostream& out, const ReportModel& m) {
     if (nonfinite > 0) cls += " nonfinite";
     if (r.anomalous) cls += " anomalous";
     if (r.first_anomaly) cls += " first-anomaly";
-    out << "<rect class=\"" << cls << "\" x=\"" << Num(x) << "\" y=\"" << Num(kTop + plot_h - h)
-        << "\" width=\"" << Num(w) << "\" height=\"" << Num(h) << "\"><title>" << HtmlEscape(r.name)
-        << ": absmax " << HumanNumber(r.absmax);
+    out << "<rect class=\"" << cls << "\" x=\"" << FormatFixed(x, 1) << "\" y=\""
+        << FormatFixed(kTop + plot_h - h, 1) << "\" width=\"" << FormatFixed(w, 1) << "\" height=\""
+        << FormatFixed(h, 1) << "\"><title>" << HtmlEscape(r.name) << ": absmax "
+        << FormatSignificant(r.absmax, 6);
     if (nonfinite > 0) {
       out << ", " << r.nan << " NaN, " << r.pos_inf << " +Inf, " << r.neg_inf << " -Inf";
     }
     out << "</title></rect>\n";
     if (nonfinite > 0) {
-      out << "<text class=\"flag\" x=\"" << Num(x + w / 2) << "\" y=\"" << Num(kTop - 6)
-          << "\" text-anchor=\"middle\">" << (r.nan > 0 ? "NaN" : "Inf") << "</text>\n";
+      out << "<text class=\"flag\" x=\"" << FormatFixed(x + w / 2, 1) << "\" y=\""
+          << FormatFixed(kTop - 6, 1) << "\" text-anchor=\"middle\">" << (r.nan > 0 ? "NaN" : "Inf")
+          << "</text>\n";
     }
     BarLabel(out, x + w / 2, kTop + plot_h + 14, r.name);
   }
@@ -140,18 +135,19 @@ void HistoryPanel(std::ostream& out, const ReportModel& m, bool loss, double top
   const double plot_w = kChartWidth - kLeft - kRight;
   auto x_of = [&](size_t i) { return kLeft + (n > 1 ? plot_w * i / (n - 1) : plot_w / 2); };
   auto y_of = [&](double v) { return top + plot_h * (1 - (v - mn) / (mx - mn)); };
-  out << "<text class=\"tick\" x=\"" << kLeft - 6 << "\" y=\"" << Num(top + 4)
-      << "\" text-anchor=\"end\">" << HumanNumber(mx) << "</text><text class=\"tick\" x=\""
-      << kLeft - 6 << "\" y=\"" << Num(top + plot_h + 4) << "\" text-anchor=\"end\">"
-      << HumanNumber(mn) << "</text><text class=\"series\" x=\"" << kLeft + 4 << "\" y=\""
-      << Num(top - 6) << "\">" << (loss ? "loss" : "grad norm") << "</text>\n";
-  out << "<rect class=\"frame\" x=\"" << kLeft << "\" y=\"" << Num(top) << "\" width=\""
-      << Num(plot_w) << "\" height=\"" << Num(plot_h) << "\"/>\n";
+  out << "<text class=\"tick\" x=\"" << kLeft - 6 << "\" y=\"" << FormatFixed(top + 4, 1)
+      << "\" text-anchor=\"end\">" << FormatSignificant(mx, 6) << "</text><text class=\"tick\" x=\""
+      << kLeft - 6 << "\" y=\"" << FormatFixed(top + plot_h + 4, 1) << "\" text-anchor=\"end\">"
+      << FormatSignificant(mn, 6) << "</text><text class=\"series\" x=\"" << kLeft + 4 << "\" y=\""
+      << FormatFixed(top - 6, 1) << "\">" << (loss ? "loss" : "grad norm") << "</text>\n";
+  out << "<rect class=\"frame\" x=\"" << kLeft << "\" y=\"" << FormatFixed(top, 1) << "\" width=\""
+      << FormatFixed(plot_w, 1) << "\" height=\"" << FormatFixed(plot_h, 1) << "\"/>\n";
   std::ostringstream pts;
   for (size_t i = 0; i < n; ++i) {
     const auto& v = loss ? m.history[i].loss : m.history[i].grad_norm;
     if (v && std::isfinite(*v))
-      pts << (pts.tellp() > 0 ? " " : "") << Num(x_of(i)) << "," << Num(y_of(*v));
+      pts << (pts.tellp() > 0 ? " " : "") << FormatFixed(x_of(i), 1) << ","
+          << FormatFixed(y_of(*v), 1);
   }
   out << "<polyline class=\"line " << series << "\" points=\"" << pts.str() << "\"/>\n";
   for (size_t i = 0; i < n; ++i) {
@@ -161,8 +157,9 @@ void HistoryPanel(std::ostream& out, const ReportModel& m, bool loss, double top
     const bool finite = std::isfinite(*v);
     // A non-finite value is pinned to the top edge and drawn red, so the step still shows.
     out << "<circle class=\"point " << series << (finite ? "" : " nonfinite") << "\" cx=\""
-        << Num(x_of(i)) << "\" cy=\"" << Num(finite ? y_of(*v) : top) << "\" r=\"4\"><title>step "
-        << h.step << ": " << HumanNumber(*v) << "</title></circle>\n";
+        << FormatFixed(x_of(i), 1) << "\" cy=\"" << FormatFixed(finite ? y_of(*v) : top, 1)
+        << "\" r=\"4\"><title>step " << h.step << ": " << FormatSignificant(*v, 6)
+        << "</title></circle>\n";
   }
 }
 
@@ -181,15 +178,16 @@ void HistoryChart(std::ostream& out, const ReportModel& m) {
   for (size_t i = 0; i < n; ++i) {
     const double x = kLeft + (n > 1 ? plot_w * i / (n - 1) : plot_w / 2);
     if (m.history[i].trigger) {
-      out << "<line id=\"trigger-marker\" class=\"trigger\" x1=\"" << Num(x) << "\" x2=\"" << Num(x)
-          << "\" y1=\"" << kTop << "\" y2=\"" << Num(kTop + 2 * plot_h + gap)
-          << "\"/><text class=\"trigger\" x=\"" << Num(x - 4) << "\" y=\""
-          << Num(kTop + 2 * plot_h + gap + 16) << "\" text-anchor=\"end\">trigger (step "
-          << m.history[i].step << ")</text>\n";
+      out << "<line id=\"trigger-marker\" class=\"trigger\" x1=\"" << FormatFixed(x, 1)
+          << "\" x2=\"" << FormatFixed(x, 1) << "\" y1=\"" << kTop << "\" y2=\""
+          << FormatFixed(kTop + 2 * plot_h + gap, 1) << "\"/><text class=\"trigger\" x=\""
+          << FormatFixed(x - 4, 1) << "\" y=\"" << FormatFixed(kTop + 2 * plot_h + gap + 16, 1)
+          << "\" text-anchor=\"end\">trigger (step " << m.history[i].step << ")</text>\n";
     }
     if (n <= 32 || i % ((n + 15) / 16) == 0) {
-      out << "<text class=\"tick\" x=\"" << Num(x) << "\" y=\"" << Num(kTop + 2 * plot_h + gap + 32)
-          << "\" text-anchor=\"middle\">" << m.history[i].step << "</text>\n";
+      out << "<text class=\"tick\" x=\"" << FormatFixed(x, 1) << "\" y=\""
+          << FormatFixed(kTop + 2 * plot_h + gap + 32, 1) << "\" text-anchor=\"middle\">"
+          << m.history[i].step << "</text>\n";
     }
   }
   out << "</svg><figcaption>Loss and gradient norm per step; the dashed line marks the trigger "
@@ -225,23 +223,24 @@ void DivergenceChart(std::ostream& out, const ReportReplay& r) {
     if (l.verdict == "DIVERGED") cls += " diverged";
     if (nonfinite) cls += " nonfinite";
     if (l.first_divergent) cls += " first-divergent";
-    out << "<rect class=\"" << cls << "\" x=\"" << Num(x) << "\" y=\"" << Num(kTop + plot_h - h)
-        << "\" width=\"" << Num(w) << "\" height=\"" << Num(h) << "\"><title>" << HtmlEscape(l.name)
-        << ": max rel " << HumanNumber(l.max_rel_err) << ", " << HtmlEscape(l.verdict)
+    out << "<rect class=\"" << cls << "\" x=\"" << FormatFixed(x, 1) << "\" y=\""
+        << FormatFixed(kTop + plot_h - h, 1) << "\" width=\"" << FormatFixed(w, 1) << "\" height=\""
+        << FormatFixed(h, 1) << "\"><title>" << HtmlEscape(l.name) << ": max rel "
+        << FormatSignificant(l.max_rel_err, 6) << ", " << HtmlEscape(l.verdict)
         << "</title></rect>\n";
     if (l.first_divergent) {
-      out << "<text class=\"flag\" x=\"" << Num(x + w / 2) << "\" y=\"" << Num(kTop - 6)
-          << "\" text-anchor=\"middle\">first divergence</text>\n";
+      out << "<text class=\"flag\" x=\"" << FormatFixed(x + w / 2, 1) << "\" y=\""
+          << FormatFixed(kTop - 6, 1) << "\" text-anchor=\"middle\">first divergence</text>\n";
     }
     BarLabel(out, x + w / 2, kTop + plot_h + 14, l.name);
   }
   if (rtol > 0) {
     const double y = kTop + plot_h * (1 - axis.Fraction(rtol));
     out << "<line id=\"tolerance-line\" class=\"tolerance\" x1=\"" << kLeft << "\" x2=\""
-        << kChartWidth - kRight << "\" y1=\"" << Num(y) << "\" y2=\"" << Num(y)
-        << "\" stroke-dasharray=\"6 4\"/><text class=\"tick\" x=\"" << kChartWidth - kRight
-        << "\" y=\"" << Num(y - 4) << "\" text-anchor=\"end\">rtol " << HumanNumber(rtol)
-        << "</text>\n";
+        << kChartWidth - kRight << "\" y1=\"" << FormatFixed(y, 1) << "\" y2=\""
+        << FormatFixed(y, 1) << "\" stroke-dasharray=\"6 4\"/><text class=\"tick\" x=\""
+        << kChartWidth - kRight << "\" y=\"" << FormatFixed(y - 4, 1)
+        << "\" text-anchor=\"end\">rtol " << FormatSignificant(rtol, 6) << "</text>\n";
   }
   out << "</svg><figcaption>Max relative error of the optimized path against the reference, per "
          "forward layer (log scale); the dashed line is rtol.</figcaption></figure>\n";
@@ -263,7 +262,8 @@ void LayerTable(std::ostream& out, const std::vector<ReportLayerRow>& rows) {
     out << "<tr" << (r.anomalous ? " class=\"anomalous\"" : "") << "><td>" << r.index << "</td><td>"
         << HtmlEscape(r.name) << "</td><td>" << r.phase << "</td><td>" << r.numel << "</td><td>"
         << r.nan << "</td><td>" << r.pos_inf << "</td><td>" << r.neg_inf << "</td><td>"
-        << HumanNumber(r.absmax) << "</td><td>" << HumanNumber(r.rms) << "</td><td>"
+        << FormatSignificant(r.absmax, 6) << "</td><td>" << FormatSignificant(r.rms, 6)
+        << "</td><td>"
         << (r.first_anomaly ? "&larr; first anomaly" : (r.anomalous ? "anomalous" : ""))
         << "</td></tr>\n";
   }
@@ -285,10 +285,9 @@ svg .point.loss{fill:#4c8bf5}svg .point.grad-norm{fill:#8250df}svg .point.nonfin
 svg .trigger{stroke:#d1242f;stroke-dasharray:4 3}svg text.trigger{stroke:none;fill:#d1242f}svg .tolerance{stroke:#1b1f24;stroke-width:1.5}
 )";
 
-}  // namespace
+// One function per section, in page order; each writes nothing when it has nothing to show.
 
-std::string RenderHtml(const ReportModel& m) {
-  std::ostringstream out;
+void Head(std::ostream& out, const ReportModel& m) {
   out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
       << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
       // The page needs nothing from anywhere: forbid every fetch and every script outright.
@@ -297,6 +296,9 @@ std::string RenderHtml(const ReportModel& m) {
       << "<title>capsule report: " << HtmlEscape(m.trigger_kind) << " at step " << m.step
       << " in run " << HtmlEscape(m.run_name) << "</title>\n<style>" << kStyle
       << "</style></head>\n<body>\n";
+}
+
+void Title(std::ostream& out, const ReportModel& m) {
   if (!m.trust_warning.empty()) {
     out << "<p class=\"warning\" id=\"trust-warning\">WARNING: " << HtmlEscape(m.trust_warning)
         << ".</p>\n";
@@ -304,6 +306,9 @@ std::string RenderHtml(const ReportModel& m) {
   out << "<h1>capsule report: " << HtmlEscape(m.trigger_kind) << " at step " << m.step
       << " in run &quot;" << HtmlEscape(m.run_name) << "&quot;</h1>\n";
   out << "<p class=\"summary\"><b>Summary:</b> " << HtmlEscape(m.summary) << "</p>\n";
+}
+
+void Provenance(std::ostream& out, const ReportModel& m) {
   std::vector<ReportKeyValue> head = {{"capsule", m.file_name}};
   if (!m.file_sha256.empty()) head.push_back({"capsule sha256", m.file_sha256});
   head.push_back(
@@ -320,16 +325,19 @@ std::string RenderHtml(const ReportModel& m) {
     head.push_back({"left out of this report", r});
   }
   KeyValueTable(out, head);
+}
 
+void Diagnosis(std::ostream& out, const ReportModel& m) {
   if (m.replay) {
     const ReportReplay& r = *m.replay;
     out << "<h2>Diagnosis</h2>\n<ul><li>diagnosis: <b>" << HtmlEscape(r.diagnosis) << "</b>";
     if (!r.diagnosis_text.empty()) out << " &mdash; " << HtmlEscape(r.diagnosis_text);
     out << "</li><li>fidelity: " << HtmlEscape(r.fidelity);
     if (!r.fidelity_detail.empty()) out << " (" << HtmlEscape(r.fidelity_detail) << ")";
-    out << "</li><li>captured value " << HumanNumber(r.captured_value) << ", replayed value "
-        << HumanNumber(r.replayed_value) << "</li><li>loss: optimized "
-        << HumanNumber(r.optimized_loss) << ", reference " << HumanNumber(r.reference_loss)
+    out << "</li><li>captured value " << FormatSignificant(r.captured_value, 6)
+        << ", replayed value " << FormatSignificant(r.replayed_value, 6)
+        << "</li><li>loss: optimized " << FormatSignificant(r.optimized_loss, 6) << ", reference "
+        << FormatSignificant(r.reference_loss, 6)
         << (r.reference_anomalous ? " (reference anomalous too)" : "")
         << "</li><li>first divergent layer: "
         << (r.first_divergent_layer.empty() ? std::string("none")
@@ -337,17 +345,21 @@ std::string RenderHtml(const ReportModel& m) {
                                                   "</b> (" + r.first_divergent_phase + ")")
         << "</li></ul>\n";
   }
+}
 
+void Trigger(std::ostream& out, const ReportModel& m) {
   out << "<h2>Trigger</h2>\n<ul><li>kind: " << HtmlEscape(m.trigger_kind)
-      << "</li><li>observed: " << HumanNumber(m.trigger_observed) << ", threshold "
-      << HumanNumber(m.trigger_threshold) << "</li>";
+      << "</li><li>observed: " << FormatSignificant(m.trigger_observed, 6) << ", threshold "
+      << FormatSignificant(m.trigger_threshold, 6) << "</li>";
   if (!m.trigger_rule.empty()) out << "<li>rule: " << HtmlEscape(m.trigger_rule) << "</li>";
   if (!m.trigger_message.empty())
     out << "<li>message: " << HtmlEscape(m.trigger_message) << "</li>";
   if (!m.capture_rerun.empty()) out << "<li>capture re-run: " << m.capture_rerun << "</li>";
   out << "<li>step " << m.step << " (micro-batch " << m.micro_batch << ", epoch " << m.epoch << ", "
       << m.tokens_seen << " tokens seen)</li></ul>\n";
+}
 
+void History(std::ostream& out, const ReportModel& m) {
   if (!m.history.empty()) {
     const size_t from = static_cast<size_t>(m.history_table_from);
     out << "<h2>Step history</h2>\n";
@@ -361,7 +373,9 @@ std::string RenderHtml(const ReportModel& m) {
     }
     out << "</table>\n";
   }
+}
 
+void LayerStats(std::ostream& out, const ReportModel& m) {
   if (!m.layers.empty()) {
     out << "<h2>Per-layer stats</h2>\n";
     if (!m.first_anomalous_layer.empty()) {
@@ -380,7 +394,9 @@ std::string RenderHtml(const ReportModel& m) {
       out << "</details>\n";
     }
   }
+}
 
+void Divergence(std::ostream& out, const ReportModel& m) {
   if (m.replay) {
     const ReportReplay& r = *m.replay;
     if (!r.layers.empty()) {
@@ -392,10 +408,10 @@ std::string RenderHtml(const ReportModel& m) {
         out << "<tr" << (l.first_divergent ? " class=\"diverged\"" : "") << "><td>" << l.index
             << "</td><td>" << HtmlEscape(l.name)
             << (l.tensor.empty() ? "" : " (" + HtmlEscape(l.tensor) + ")") << "</td><td>" << l.phase
-            << "</td><td>" << HumanNumber(l.max_abs_err) << "</td><td>"
-            << HumanNumber(l.max_rel_err) << "</td><td>" << l.nonfinite_mismatch << "</td><td>"
-            << HtmlEscape(l.verdict) << (l.first_divergent ? " &larr; first divergence" : "")
-            << "</td></tr>\n";
+            << "</td><td>" << FormatSignificant(l.max_abs_err, 6) << "</td><td>"
+            << FormatSignificant(l.max_rel_err, 6) << "</td><td>" << l.nonfinite_mismatch
+            << "</td><td>" << HtmlEscape(l.verdict)
+            << (l.first_divergent ? " &larr; first divergence" : "") << "</td></tr>\n";
       }
       out << "</table>\n";
     }
@@ -411,7 +427,9 @@ std::string RenderHtml(const ReportModel& m) {
       out << "<p class=\"warning\">replay warning: " << HtmlEscape(w) << "</p>\n";
     }
   }
+}
 
+void Identity(std::ostream& out, const ReportModel& m) {
   out << "<h2>Identity</h2>\n";
   std::vector<ReportKeyValue> id = {
       {"model sha256", m.model_sha256.empty() ? "-" : m.model_sha256},
@@ -432,6 +450,9 @@ std::string RenderHtml(const ReportModel& m) {
     out << "<details><summary>Config text</summary><pre>" << HtmlEscape(m.config_text)
         << "</pre></details>\n";
   }
+}
+
+void EnvironmentAndPlacement(std::ostream& out, const ReportModel& m) {
   if (!m.environment.empty()) {
     out << "<h2>Environment</h2>\n";
     KeyValueTable(out, m.environment);
@@ -440,6 +461,9 @@ std::string RenderHtml(const ReportModel& m) {
     out << "<h2>Placement</h2>\n";
     KeyValueTable(out, m.placement);
   }
+}
+
+void Batch(std::ostream& out, const ReportModel& m) {
   if (!m.sequences.empty()) {
     out << "<details><summary>Batch: " << m.sequences.size() << " sequences</summary>\n"
         << "<table><tr><th>sample</th><th>tokens</th><th>token ids</th><th>raw text</th></tr>\n";
@@ -454,12 +478,18 @@ std::string RenderHtml(const ReportModel& m) {
     }
     out << "</table></details>\n";
   }
+}
+
+void Log(std::ostream& out, const ReportModel& m) {
   if (!m.log_lines.empty() || !m.log_error.empty()) {
     out << "<details><summary>Trainer log (" << m.log_lines.size() << " lines)</summary><pre>";
     for (const auto& l : m.log_lines) out << HtmlEscape(l) << "\n";
     if (!m.log_error.empty()) out << "error: " << HtmlEscape(m.log_error) << "\n";
     out << "</pre></details>\n";
   }
+}
+
+void Commands(std::ostream& out, const ReportModel& m) {
   out << "<h2>Verify and replay</h2>\n<pre>" << HtmlEscape(m.verify_command) << "\n"
       << HtmlEscape(m.replay_command) << "</pre>\n";
   if (!m.file_sha256.empty()) {
@@ -468,7 +498,28 @@ std::string RenderHtml(const ReportModel& m) {
       out << ", signer key id <code>" << HtmlEscape(m.signer_key_id) << "</code>";
     out << "</p>\n";
   }
-  out << "</body></html>\n";
+}
+
+void Foot(std::ostream& out) { out << "</body></html>\n"; }
+
+}  // namespace
+
+std::string RenderHtml(const ReportModel& m) {
+  std::ostringstream out;
+  Head(out, m);
+  Title(out, m);
+  Provenance(out, m);
+  Diagnosis(out, m);
+  Trigger(out, m);
+  History(out, m);
+  LayerStats(out, m);
+  Divergence(out, m);
+  Identity(out, m);
+  EnvironmentAndPlacement(out, m);
+  Batch(out, m);
+  Log(out, m);
+  Commands(out, m);
+  Foot(out);
   return out.str();
 }
 

@@ -37,12 +37,34 @@ StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c) {
   return b;
 }
 
+Status RequireInputIds(const v1::Capsule& c, const LayerBatch& batch) {
+  if (batch.input_ids.defined()) return Status::Ok();
+  for (const auto& s : c.data().sequences()) {
+    if (!s.token_ids_sha256().empty()) {
+      return FailedPreconditionError(
+          "the capsule's token ids were redacted (only their SHA-256 is kept), so the step cannot "
+          "be re-run; use the unredacted capsule");
+    }
+  }
+  return InvalidArgumentError("the capsule has no input_ids tensor, so the step cannot be re-run");
+}
+
+StatusOr<std::vector<NamedTensor>> ParameterTensors(const v1::Capsule& c) {
+  std::vector<NamedTensor> params;
+  for (const auto& t : c.tensors()) {
+    if (t.role() != v1::PARAMETER) continue;
+    CAPSULE_ASSIGN_OR_RETURN(at::Tensor p, TensorFromBlob(t));
+    params.emplace_back(t.name(), p);
+  }
+  return params;
+}
+
 Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>* warnings) {
   const std::string recorded = c.environment().torch_version();
   if (!recorded.empty() && recorded != TorchVersion()) {
     const std::string msg = "capsule was recorded with torch " + recorded + ", this is torch " +
                             TorchVersion() + "; kernels and RNG streams may differ";
-    if (!force) return FailedPreconditionError(msg + " (--force to go on anyway)");
+    if (!force) return FailedPreconditionError(msg);
     warnings->push_back(msg);
   }
   const int threads = c.numerics().intra_op_threads() > 0 ? c.numerics().intra_op_threads()

@@ -32,6 +32,13 @@ const v1::TensorBlob* FindTensor(const v1::Capsule& c, const std::string& name);
 // stay undefined.
 StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c);
 
+// Whether a batch loaded from `c` can be run: kFailedPrecondition when the capsule's token ids
+// were redacted (only their SHA-256 is kept), kInvalidArgument when it never held input_ids.
+Status RequireInputIds(const v1::Capsule& c, const LayerBatch& batch);
+
+// The PARAMETER tensors the capsule embeds, by name, in capsule order.
+StatusOr<std::vector<NamedTensor>> ParameterTensors(const v1::Capsule& c);
+
 // Refuses (kFailedPrecondition) a capsule recorded with another torch version unless `force`, in
 // which case the mismatch is appended to `warnings`; then sets the captured intra-op thread count
 // (reductions depend on it) and deterministic-algorithms flag.

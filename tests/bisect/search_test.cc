@@ -37,8 +37,8 @@ class TableOracle {
       EXPECT_GE(k, 1u);
       EXPECT_LT(k, bad_.size());
       EXPECT_TRUE(asked_.insert(k).second) << "k=" << k << " probed twice";
-      if (k == 0 || k >= bad_.size()) return ProbeResult::Error("out of range");
-      return ProbeResult::FromBool(bad_[k]);
+      if (k == 0 || k >= bad_.size()) return OracleAnswer::Error("out of range");
+      return OracleAnswer::FromBool(bad_[k]);
     };
   }
 
@@ -112,9 +112,9 @@ TEST(SearchTest, ZeroLayersMakesNoProbe) {
   BisectStrategy bisect;
   LinearStrategy linear;
   for (Strategy* s : std::vector<Strategy*>{&bisect, &linear}) {
-    SearchResult r = Search(*s, 0, [](size_t) -> ProbeResult {
+    SearchResult r = Search(*s, 0, [](size_t) -> OracleAnswer {
       ADD_FAILURE() << "oracle called for n=0";
-      return ProbeResult::Good();
+      return OracleAnswer::Good();
     });
     EXPECT_TRUE(r.ok());
     EXPECT_EQ(r.probes, 0u);
@@ -135,9 +135,9 @@ TEST(SearchTest, OracleErrorStopsAndPropagates) {
         ++calls;
         if (k == fail_at) {
           failed = true;
-          return ProbeResult::Error("composite run k=" + std::to_string(k) + ": out of memory");
+          return OracleAnswer::Error("composite run k=" + std::to_string(k) + ": out of memory");
         }
-        return ProbeResult::FromBool(k > 2);
+        return OracleAnswer::FromBool(k > 2);
       });
       if (!failed) continue;  // this strategy never asked for fail_at
       EXPECT_FALSE(r.ok());
@@ -152,8 +152,8 @@ TEST(SearchTest, OracleErrorStopsAndPropagates) {
 
 TEST(SearchTest, OracleExceptionBecomesError) {
   BisectStrategy bisect;
-  SearchResult r = Search(bisect, 4, [](size_t k) -> ProbeResult {
-    if (k == 4) return ProbeResult::Bad();
+  SearchResult r = Search(bisect, 4, [](size_t k) -> OracleAnswer {
+    if (k == 4) return OracleAnswer::Bad();
     throw std::runtime_error("layer blocks.1 threw");
   });
   EXPECT_FALSE(r.ok());
@@ -161,7 +161,7 @@ TEST(SearchTest, OracleExceptionBecomesError) {
   EXPECT_EQ(r.error_k, std::optional<size_t>(2));
   EXPECT_EQ(r.probes, 1u);
 
-  SearchResult odd = Search(bisect, 4, [](size_t) -> ProbeResult { throw 42; });
+  SearchResult odd = Search(bisect, 4, [](size_t) -> OracleAnswer { throw 42; });
   EXPECT_FALSE(odd.ok());
   EXPECT_NE(odd.error.find("exception"), std::string::npos);
 
@@ -172,7 +172,7 @@ TEST(SearchTest, OracleExceptionBecomesError) {
 
 TEST(SearchTest, EmptyErrorMessageIsReplaced) {
   LinearStrategy linear;
-  SearchResult r = Search(linear, 3, [](size_t) { return ProbeResult::Error(""); });
+  SearchResult r = Search(linear, 3, [](size_t) { return OracleAnswer::Error(""); });
   EXPECT_FALSE(r.ok());
   EXPECT_FALSE(r.error.empty());
 }
@@ -286,9 +286,9 @@ TEST(SearchTest, MisbehavingStrategiesEndWithAnError) {
   EXPECT_EQ(r.probes, 1u);
 
   OutOfRangeStrategy oor;
-  SearchResult r2 = Search(oor, 4, [](size_t) -> ProbeResult {
+  SearchResult r2 = Search(oor, 4, [](size_t) -> OracleAnswer {
     ADD_FAILURE() << "oracle called for an out-of-range k";
-    return ProbeResult::Good();
+    return OracleAnswer::Good();
   });
   EXPECT_FALSE(r2.ok());
   EXPECT_EQ(r2.error, "out-of-range strategy proposed k=5 outside [1, 4]");
