@@ -58,29 +58,16 @@ int64_t NowMicros() {
 
 at::Tensor CopyIfDefined(const at::Tensor& t) { return t.defined() ? t.detach().clone() : t; }
 
-// Robust spike threshold over the last `window` values: median + max(k * 1.4826 * MAD,
-// min_rel * |median|). nullopt until `warmup` finite values exist.
-std::optional<double> SpikeThreshold(const std::deque<std::pair<int64_t, StepScalars>>& history,
-                                     std::optional<double> StepScalars::*field, int window,
-                                     int warmup, double k, double min_rel) {
+// The last values of one scalar in the history, oldest first, for SpikeThreshold.
+std::vector<double> Recent(const std::deque<std::pair<int64_t, StepScalars>>& history,
+                           std::optional<double> StepScalars::*field) {
   std::vector<double> v;
-  v.reserve(window);
-  for (auto it = history.rbegin(); it != history.rend() && (int)v.size() < window; ++it) {
-    const std::optional<double>& x = it->second.*field;
-    if (x && std::isfinite(*x)) v.push_back(*x);
+  v.reserve(history.size());
+  for (const auto& entry : history) {
+    const std::optional<double>& x = entry.second.*field;
+    if (x) v.push_back(*x);
   }
-  if ((int)v.size() < warmup || v.empty()) return std::nullopt;
-  auto median_of = [](std::vector<double>& a) {
-    const size_t mid = a.size() / 2;
-    std::nth_element(a.begin(), a.begin() + mid, a.end());
-    double m = a[mid];
-    if (a.size() % 2 == 0) m = (m + *std::max_element(a.begin(), a.begin() + mid)) / 2;
-    return m;
-  };
-  const double median = median_of(v);
-  for (double& x : v) x = std::fabs(x - median);
-  const double mad = median_of(v);
-  return median + std::max(k * 1.4826 * mad, min_rel * std::fabs(median));
+  return v;
 }
 
 // The capture re-run: the step again from its snapshot (same RNG stream, batch and thread count),
@@ -95,12 +82,6 @@ StatusOr<ProbeResult> RerunStep(LayerSequence& seq, const StepSnapshot& snap) {
   return probe;
 }
 
-std::string FormatValue(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6g", v);
-  return buf;
-}
-
 // The first trigger `s` fires against the history before it; kind kNone when none does.
 FiredTrigger CheckTriggers(const MonitorOptions& options,
                            const std::deque<std::pair<int64_t, StepScalars>>& history,
@@ -112,19 +93,18 @@ FiredTrigger CheckTriggers(const MonitorOptions& options,
   if (options.trigger_non_finite_grad && s.grad_norm && !std::isfinite(*s.grad_norm)) {
     return {TriggerKind::kNonFiniteGrad, *s.grad_norm, 0, "gradient norm is not finite"};
   }
-  const std::string rule = "> median(last " + std::to_string(options.spike_window) + ") + max(" +
-                           FormatValue(options.spike_mads) + "*1.4826*MAD, " +
-                           FormatValue(options.spike_min_relative) + "*|median|)";
   if (options.trigger_loss_spike && s.loss) {
-    auto t = SpikeThreshold(history, &StepScalars::loss, options.spike_window, options.spike_warmup,
-                            options.spike_mads, options.spike_min_relative);
-    if (t && *s.loss > *t) return {TriggerKind::kLossSpike, *s.loss, *t, "loss " + rule};
+    auto t = SpikeThreshold(Recent(history, &StepScalars::loss), options.loss_spike);
+    if (t && *s.loss > *t) {
+      return {TriggerKind::kLossSpike, *s.loss, *t,
+              "loss " + DescribeSpikeRule(options.loss_spike)};
+    }
   }
   if (options.trigger_grad_norm_spike && s.grad_norm) {
-    auto t = SpikeThreshold(history, &StepScalars::grad_norm, options.spike_window,
-                            options.spike_warmup, options.spike_mads, options.spike_min_relative);
+    auto t = SpikeThreshold(Recent(history, &StepScalars::grad_norm), options.grad_norm_spike);
     if (t && *s.grad_norm > *t) {
-      return {TriggerKind::kGradNormSpike, *s.grad_norm, *t, "grad norm " + rule};
+      return {TriggerKind::kGradNormSpike, *s.grad_norm, *t,
+              "grad norm " + DescribeSpikeRule(options.grad_norm_spike)};
     }
   }
   return f;

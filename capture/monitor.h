@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "capsule/base/status.h"
+#include "capsule/capture/spike_rule.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
 #include "capsule/probe/trigger_rule.h"
@@ -72,17 +73,17 @@ struct MonitorOptions {
   int history_length = 64;
   int log_lines = 200;
 
-  // Triggers. A spike fires when value > median(last `spike_window`) + max(spike_mads * 1.4826 *
-  // MAD, spike_min_relative * |median|), after `spike_warmup` steps of history. The relative floor
-  // keeps a flat loss curve (MAD near 0) from firing on noise.
+  // Triggers. A spike is judged on a log scale against the recent history (capture/spike_rule.h):
+  // at least `min_ratio` times the median of the last `window` values and `mads` robust standard
+  // deviations above it, after `warmup` values. The defaults fired on 0 of 50 clean 200-step
+  // tiny_gpt runs and caught every bad-data batch (README, "Triggers"). The gradient norm's ratio
+  // is 20: Adam's gradient norm jumps 3-9x on clean runs, so only an explosion should fire it.
   bool trigger_non_finite_loss = true;
   bool trigger_non_finite_grad = true;
   bool trigger_loss_spike = true;
   bool trigger_grad_norm_spike = true;
-  double spike_mads = 6.0;
-  double spike_min_relative = 0.5;
-  int spike_window = 50;
-  int spike_warmup = 20;
+  SpikeRule loss_spike = {/*window=*/50, /*warmup=*/50, /*mads=*/6.0, /*min_ratio=*/2.0};
+  SpikeRule grad_norm_spike = {/*window=*/50, /*warmup=*/50, /*mads=*/6.0, /*min_ratio=*/20.0};
 
   // Re-run the failing step with per-layer instrumentation (forward and backward statistics, the
   // first anomalous layer, embedded layer inputs). Off: the capsule holds the snapshot only.

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 #include "capsule/capture/monitor.h"
@@ -41,6 +42,9 @@ struct TrainOptions {
   std::string inject_layer;
   int64_t inject_step = 0;
   bool quiet = false;
+  // When set, one CSV line per step (step, loss, grad_norm, trigger kind or empty): the input of
+  // bench/trigger_rates.py, which measures how often the spike triggers fire on clean runs.
+  std::string scalars_out;
 };
 
 double GlobalGradNorm(const std::vector<at::Tensor>& params) {
@@ -99,6 +103,15 @@ int RunTrain(const TrainOptions& o) {
   int64_t tokens_seen = 0;
   int triggers = 0;
   bool said_rate_limited = false;
+  std::ofstream scalars_csv;
+  if (!o.scalars_out.empty()) {
+    scalars_csv.open(o.scalars_out);
+    if (!scalars_csv) {
+      std::cerr << "capsule-tiny-gpt: cannot write " << o.scalars_out << "\n";
+      return 2;
+    }
+    scalars_csv << "step,loss,grad_norm,trigger\n";
+  }
   for (int64_t step = 0; step < o.steps; ++step) {
     model.SetStep(step);
     CorpusBatch cb = loader.Next();
@@ -131,6 +144,12 @@ int RunTrain(const TrainOptions& o) {
     monitor.Log(line);
     if (!o.quiet && (step % 10 == 0 || report.triggered || step + 1 == o.steps)) {
       std::cout << line << "\n";
+    }
+    if (scalars_csv.is_open()) {
+      char row[96];
+      std::snprintf(row, sizeof(row), "%lld,%.9g,%.9g,", static_cast<long long>(step), loss,
+                    grad_norm);
+      scalars_csv << row << (report.triggered ? TriggerKindName(report.trigger) : "") << "\n";
     }
     if (report.triggered) {
       ++triggers;
@@ -186,6 +205,8 @@ int main(int argc, char** argv) {
   train->add_option("--inject-step", o.inject_step, "First step of the fault")
       ->check(CLI::NonNegativeNumber);
   train->add_flag("--quiet", o.quiet, "Print only triggers and the summary");
+  train->add_option("--scalars-out", o.scalars_out,
+                    "Write each step's loss, grad norm and trigger to this CSV file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
