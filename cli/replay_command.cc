@@ -1,4 +1,3 @@
-#include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
 #include <iostream>
@@ -15,6 +14,7 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/plugin_loader.h"
 #include "capsule/replay/replayer.h"
+#include "capsule/report/report.h"
 
 namespace capsule::cli {
 namespace {
@@ -36,7 +36,8 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       << Pad("max rel err", 13) << Pad("non-finite", 12) << "verdict\n";
   for (const auto& l : r.layers()) {
     std::string verdict = l.verdict() == v1::DIVERGED ? "DIVERGED" : "ok";
-    if (l.name() == r.first_divergent_layer() && l.phase() == r.first_divergent_phase()) {
+    if (r.has_first_divergent_layer() && l.name() == r.first_divergent_layer() &&
+        l.phase() == r.first_divergent_phase()) {
       verdict += "  <- first divergence";
     }
     out << Pad(l.phase() == v1::FORWARD ? "forward" : "backward", 9) << Pad(l.name(), 12)
@@ -58,19 +59,6 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
     }
   }
   if (!r.replay_command().empty()) out << "\nreplay: " << r.replay_command() << "\n";
-}
-
-std::string ToJson(const v1::ReplayReport& r) {
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  o.always_print_primitive_fields = true;
-  std::string json;
-  (void)google::protobuf::util::MessageToJsonString(r, &json, o);
-  // "No divergent layer" is null, not an empty name.
-  const std::string empty = "\"first_divergent_layer\":\"\"";
-  const size_t at = json.find(empty);
-  if (at != std::string::npos) json.replace(at, empty.size(), "\"first_divergent_layer\":null");
-  return json;
 }
 
 // Parses "NAME=ATOL,RTOL".
@@ -175,7 +163,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   if (o.phase != "forward") cmd += " --phase " + o.phase;
   report->set_replay_command(cmd);
   if (o.json) {
-    std::cout << ToJson(*report) << "\n";
+    std::cout << ReplayReportToJson(*report);
   } else {
     PrintHuman(*report, std::cout);
   }

@@ -10,6 +10,8 @@
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/report.pb.h"
+#include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
 
 namespace capsule {
@@ -264,19 +266,17 @@ std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff) {
 }
 
 std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff) {
-  using internal::JsonString;
-  std::string out = "{\"equivalent\":";
-  out += diff.empty() ? "true" : "false";
-  out += ",\"differences\":[";
-  for (size_t i = 0; i < diff.size(); ++i) {
-    const auto& r = diff[i];
-    if (i > 0) out += ",";
-    out += "{\"section\":" + JsonString(r.section) + ",\"key\":" + JsonString(r.key) +
-           ",\"a\":" + JsonString(r.a) + ",\"b\":" + JsonString(r.b) +
-           ",\"note\":" + JsonString(r.note) + "}";
+  v1::CapsuleDiff json;
+  json.set_equivalent(diff.empty());
+  for (const auto& r : diff) {
+    v1::Difference& d = *json.add_differences();
+    d.set_section(r.section);
+    d.set_key(r.key);
+    d.set_a(r.a);
+    d.set_b(r.b);
+    d.set_note(r.note);
   }
-  out += "]}\n";
-  return out;
+  return internal::PrintJson(json);
 }
 
 }  // namespace capsule

@@ -37,6 +37,7 @@ std::vector<CapsuleDifference> DiffCapsules(const v1::Capsule& a, const v1::Caps
 // A table with columns SECTION KEY A B NOTE, or "equivalent" when `diff` is empty. Values are
 // shown as they are, control characters replaced, so untrusted text cannot move the cursor.
 std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff);
+// A capsule.v1.CapsuleDiff (proto/report.proto) in protobuf's JSON mapping:
 // {"equivalent":bool,"differences":[{"section","key","a","b","note"}...]}
 std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff);
 

@@ -13,6 +13,7 @@
 #include "capsule/base/strings.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
 
 namespace capsule {
@@ -145,6 +146,10 @@ ReportReplay ReplayModel(const v1::ReplayReport& r) {
 }
 
 }  // namespace
+
+std::string ReplayReportToJson(const v1::ReplayReport& report) {
+  return internal::PrintJson(report);
+}
 
 StatusOr<std::unique_ptr<v1::ReplayReport>> ParseReplayReportJson(std::string_view json) {
   auto report = std::make_unique<v1::ReplayReport>();

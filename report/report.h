@@ -191,8 +191,13 @@ struct ReportModel {
 ReportModel BuildReportModel(const v1::Capsule& capsule, const EnvelopeInfo& envelope,
                              const v1::ReplayReport* replay, const ReportOptions& options);
 
-// Parses `capsule replay --json` output (protobuf's JSON mapping; "first_divergent_layer":null is
-// accepted). kInvalidArgument when it is not a ReplayReport.
+// A replay result as `capsule replay --json` prints it: protobuf's JSON mapping with the .proto's
+// field names, every field present but first_divergent_layer, which is absent when no layer
+// diverged. One line with a trailing newline.
+std::string ReplayReportToJson(const v1::ReplayReport& report);
+
+// Parses what ReplayReportToJson prints (and older output, where "first_divergent_layer" was
+// null). kInvalidArgument when it is not a ReplayReport.
 StatusOr<std::unique_ptr<v1::ReplayReport>> ParseReplayReportJson(std::string_view json);
 
 std::string RenderMarkdown(const ReportModel& model);

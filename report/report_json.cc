@@ -1,251 +1,162 @@
-// RenderJson: the report's facts as one JSON object, members in a fixed order.
+// RenderJson: the report's facts as a capsule.v1.CapsuleReport (proto/report.proto), printed with
+// protobuf's JSON mapping.
 
-#include <sstream>
-
-#include "capsule/report/internal/text.h"
+#include "capsule/proto/report.pb.h"
+#include "capsule/report/internal/json.h"
 #include "capsule/report/report.h"
 
 namespace capsule {
 namespace {
 
-using internal::JsonNumber;
-using internal::JsonString;
+using Json = v1::CapsuleReport;
 
-// Tracks whether a separator is due, so members can be emitted in a straight line of code.
-class JsonWriter {
- public:
-  void BeginObject() { Open('{'); }
-  void EndObject() { Close('}'); }
-  void BeginArray() { Open('['); }
-  void EndArray() { Close(']'); }
-  JsonWriter& Key(const std::string& key) {
-    Separate();
-    out_ += JsonString(key) + ":";
-    after_key_ = true;
-    return *this;
-  }
-  void String(const std::string& v) { Raw(JsonString(v)); }
-  void Number(double v) { Raw(JsonNumber(v)); }
-  void Int(int64_t v) { Raw(std::to_string(v)); }
-  void Bool(bool v) { Raw(v ? "true" : "false"); }
-  void Null() { Raw("null"); }
-  void OptNumber(const std::optional<double>& v) { v ? Number(*v) : Null(); }
-  void StringOrNull(const std::string& v) { v.empty() ? Null() : String(v); }
-  std::string Take() { return std::move(out_); }
-
- private:
-  void Separate() {
-    if (after_key_) {
-      after_key_ = false;
-      return;
-    }
-    if (!first_.empty() && !first_.back()) out_ += ',';
-    if (!first_.empty()) first_.back() = false;
-  }
-  void Raw(const std::string& text) {
-    Separate();
-    out_ += text;
-  }
-  void Open(char c) {
-    Separate();
-    out_ += c;
-    first_.push_back(true);
-  }
-  void Close(char c) {
-    first_.pop_back();
-    out_ += c;
-  }
-
-  std::string out_;
-  std::vector<bool> first_;
-  bool after_key_ = false;
-};
-
-void KeyValues(JsonWriter& w, const std::vector<ReportKeyValue>& kvs) {
-  w.BeginObject();
-  for (const auto& kv : kvs) w.Key(kv.key).String(kv.value);
-  w.EndObject();
+// Sets an `optional` string field unless `value` is empty: absent is how the JSON says "none".
+template <typename Setter>
+void SetIfPresent(const std::string& value, Setter set) {
+  if (!value.empty()) set(value);
 }
 
-void Layer(JsonWriter& w, const ReportLayerRow& l) {
-  w.BeginObject();
-  w.Key("index").Int(l.index);
-  w.Key("name").String(l.name);
-  w.Key("phase").String(l.phase);
-  w.Key("numel").Int(l.numel);
-  w.Key("nan").Int(l.nan);
-  w.Key("pos_inf").Int(l.pos_inf);
-  w.Key("neg_inf").Int(l.neg_inf);
-  w.Key("absmax").Number(l.absmax);
-  w.Key("rms").Number(l.rms);
-  w.Key("anomalous").Bool(l.anomalous);
-  w.Key("first_anomaly").Bool(l.first_anomaly);
-  w.EndObject();
+void FillKeyValues(const std::vector<ReportKeyValue>& kvs,
+                   google::protobuf::RepeatedPtrField<Json::KeyValue>* out) {
+  for (const auto& kv : kvs) {
+    Json::KeyValue& o = *out->Add();
+    o.set_key(kv.key);
+    o.set_value(kv.value);
+  }
 }
 
-void Replay(JsonWriter& w, const ReportReplay& r) {
-  w.BeginObject();
-  w.Key("diagnosis").String(r.diagnosis);
-  w.Key("diagnosis_text").String(r.diagnosis_text);
-  w.Key("fidelity").String(r.fidelity);
-  w.Key("fidelity_detail").String(r.fidelity_detail);
-  w.Key("captured_value").Number(r.captured_value);
-  w.Key("replayed_value").Number(r.replayed_value);
-  w.Key("first_divergent_layer").StringOrNull(r.first_divergent_layer);
-  w.Key("first_divergent_phase").StringOrNull(r.first_divergent_phase);
-  w.Key("optimized_loss").Number(r.optimized_loss);
-  w.Key("reference_loss").Number(r.reference_loss);
-  w.Key("reference_anomalous").Bool(r.reference_anomalous);
-  w.Key("layers").BeginArray();
+void FillLayer(const ReportLayerRow& l, Json::Layer* o) {
+  o->set_index(l.index);
+  o->set_name(l.name);
+  o->set_phase(l.phase);
+  o->set_numel(l.numel);
+  o->set_nan(l.nan);
+  o->set_pos_inf(l.pos_inf);
+  o->set_neg_inf(l.neg_inf);
+  o->set_absmax(l.absmax);
+  o->set_rms(l.rms);
+  o->set_anomalous(l.anomalous);
+  o->set_first_anomaly(l.first_anomaly);
+}
+
+void FillReplay(const ReportReplay& r, Json::Replay* o) {
+  o->set_diagnosis(r.diagnosis);
+  o->set_diagnosis_text(r.diagnosis_text);
+  o->set_fidelity(r.fidelity);
+  o->set_fidelity_detail(r.fidelity_detail);
+  o->set_captured_value(r.captured_value);
+  o->set_replayed_value(r.replayed_value);
+  SetIfPresent(r.first_divergent_layer, [o](const auto& v) { o->set_first_divergent_layer(v); });
+  SetIfPresent(r.first_divergent_phase, [o](const auto& v) { o->set_first_divergent_phase(v); });
+  o->set_optimized_loss(r.optimized_loss);
+  o->set_reference_loss(r.reference_loss);
+  o->set_reference_anomalous(r.reference_anomalous);
   for (const auto& l : r.layers) {
-    w.BeginObject();
-    w.Key("index").Int(l.index);
-    w.Key("name").String(l.name);
-    w.Key("phase").String(l.phase);
-    w.Key("tensor").String(l.tensor);
-    w.Key("max_abs_err").Number(l.max_abs_err);
-    w.Key("max_rel_err").Number(l.max_rel_err);
-    w.Key("nonfinite_mismatch").Int(l.nonfinite_mismatch);
-    w.Key("rtol").Number(l.rtol);
-    w.Key("verdict").String(l.verdict);
-    w.Key("first_divergent").Bool(l.first_divergent);
-    w.EndObject();
+    Json::DivergenceRow& row = *o->add_layers();
+    row.set_index(l.index);
+    row.set_name(l.name);
+    row.set_phase(l.phase);
+    row.set_tensor(l.tensor);
+    row.set_max_abs_err(l.max_abs_err);
+    row.set_max_rel_err(l.max_rel_err);
+    row.set_nonfinite_mismatch(l.nonfinite_mismatch);
+    row.set_rtol(l.rtol);
+    row.set_verdict(l.verdict);
+    row.set_first_divergent(l.first_divergent);
   }
-  w.EndArray();
-  w.Key("bisect");
-  if (r.bisect_strategy.empty()) {
-    w.Null();
-  } else {
-    w.BeginObject();
-    w.Key("strategy").String(r.bisect_strategy);
-    w.Key("first_bad_layer").StringOrNull(r.bisect_first_bad_layer);
-    w.Key("probes").Int(r.bisect_probes);
-    w.Key("probe_bound").Int(r.bisect_probe_bound);
-    w.Key("layers").Int(r.bisect_layers);
-    w.EndObject();
+  if (!r.bisect_strategy.empty()) {
+    Json::Bisect& b = *o->mutable_bisect();
+    b.set_strategy(r.bisect_strategy);
+    SetIfPresent(r.bisect_first_bad_layer, [&b](const auto& v) { b.set_first_bad_layer(v); });
+    b.set_probes(r.bisect_probes);
+    b.set_probe_bound(r.bisect_probe_bound);
+    b.set_layers(r.bisect_layers);
   }
-  w.Key("warnings").BeginArray();
-  for (const auto& s : r.warnings) w.String(s);
-  w.EndArray();
-  w.EndObject();
+  for (const auto& w : r.warnings) o->add_warnings(w);
 }
 
 }  // namespace
 
 std::string RenderJson(const ReportModel& m) {
-  JsonWriter w;
-  w.BeginObject();
-  w.Key("warning").StringOrNull(m.trust_warning);
-  w.Key("file").String(m.file_name);
-  w.Key("file_sha256").StringOrNull(m.file_sha256);
-  w.Key("signature").String(m.signature);
-  w.Key("signer_key_id").StringOrNull(m.signer_key_id);
-  w.Key("redacted").BeginArray();
-  for (const auto& r : m.redacted) w.String(r);
-  w.EndArray();
-  w.Key("summary").String(m.summary);
-  w.Key("run_name").String(m.run_name);
-  w.Key("writer_version").String(m.writer_version);
-  w.Key("created").String(m.created);
+  Json j;
+  SetIfPresent(m.trust_warning, [&j](const auto& v) { j.set_warning(v); });
+  j.set_file(m.file_name);
+  SetIfPresent(m.file_sha256, [&j](const auto& v) { j.set_file_sha256(v); });
+  j.set_signature(m.signature);
+  SetIfPresent(m.signer_key_id, [&j](const auto& v) { j.set_signer_key_id(v); });
+  for (const auto& r : m.redacted) j.add_redacted(r);
+  j.set_summary(m.summary);
+  j.set_run_name(m.run_name);
+  j.set_writer_version(m.writer_version);
+  j.set_created(m.created);
 
-  w.Key("trigger").BeginObject();
-  w.Key("kind").String(m.trigger_kind);
-  w.Key("observed").Number(m.trigger_observed);
-  w.Key("threshold").Number(m.trigger_threshold);
-  w.Key("rule").String(m.trigger_rule);
-  w.Key("message").String(m.trigger_message);
-  w.Key("capture_rerun").StringOrNull(m.capture_rerun);
-  w.EndObject();
+  Json::Trigger& t = *j.mutable_trigger();
+  t.set_kind(m.trigger_kind);
+  t.set_observed(m.trigger_observed);
+  t.set_threshold(m.trigger_threshold);
+  t.set_rule(m.trigger_rule);
+  t.set_message(m.trigger_message);
+  SetIfPresent(m.capture_rerun, [&t](const auto& v) { t.set_capture_rerun(v); });
 
-  w.Key("step").BeginObject();
-  w.Key("global_step").Int(m.step);
-  w.Key("micro_batch").Int(m.micro_batch);
-  w.Key("epoch").Int(m.epoch);
-  w.Key("tokens_seen").Int(m.tokens_seen);
-  w.EndObject();
+  Json::Step& step = *j.mutable_step();
+  step.set_global_step(m.step);
+  step.set_micro_batch(m.micro_batch);
+  step.set_epoch(m.epoch);
+  step.set_tokens_seen(m.tokens_seen);
 
-  w.Key("history").BeginArray();
   for (const auto& h : m.history) {
-    w.BeginObject();
-    w.Key("step").Int(h.step);
-    w.Key("loss").OptNumber(h.loss);
-    w.Key("grad_norm").OptNumber(h.grad_norm);
-    w.Key("trigger").Bool(h.trigger);
-    w.EndObject();
+    Json::HistoryRow& row = *j.add_history();
+    row.set_step(h.step);
+    if (h.loss) row.set_loss(*h.loss);
+    if (h.grad_norm) row.set_grad_norm(*h.grad_norm);
+    row.set_trigger(h.trigger);
   }
-  w.EndArray();
 
-  w.Key("model").BeginObject();
-  w.Key("registry_name").StringOrNull(m.model_registry_name);
-  w.Key("path").StringOrNull(m.model_path);
-  w.EndObject();
+  Json::Model& model = *j.mutable_model();
+  SetIfPresent(m.model_registry_name, [&model](const auto& v) { model.set_registry_name(v); });
+  SetIfPresent(m.model_path, [&model](const auto& v) { model.set_path(v); });
 
-  w.Key("identity").BeginObject();
-  w.Key("model_sha256").StringOrNull(m.model_sha256);
-  w.Key("model_parameter_count").Int(m.model_parameter_count);
-  w.Key("config_sha256").StringOrNull(m.config_sha256);
-  w.Key("config_text").String(m.config_text);
-  w.Key("code_revision").StringOrNull(m.code_revision);
-  w.Key("files").BeginArray();
+  Json::Identity& id = *j.mutable_identity();
+  SetIfPresent(m.model_sha256, [&id](const auto& v) { id.set_model_sha256(v); });
+  id.set_model_parameter_count(m.model_parameter_count);
+  SetIfPresent(m.config_sha256, [&id](const auto& v) { id.set_config_sha256(v); });
+  id.set_config_text(m.config_text);
+  SetIfPresent(m.code_revision, [&id](const auto& v) { id.set_code_revision(v); });
   for (const auto& f : m.files) {
-    w.BeginObject();
-    w.Key("role").String(f.role);
-    w.Key("name").String(f.name);
-    w.Key("path").String(f.path);
-    w.Key("size_bytes").Int(f.size_bytes);
-    w.Key("sha256").String(f.sha256);
-    w.EndObject();
+    Json::File& file = *id.add_files();
+    file.set_role(f.role);
+    file.set_name(f.name);
+    file.set_path(f.path);
+    file.set_size_bytes(f.size_bytes);
+    file.set_sha256(f.sha256);
   }
-  w.EndArray();
-  w.EndObject();
 
-  w.Key("environment");
-  KeyValues(w, m.environment);
-  w.Key("placement");
-  KeyValues(w, m.placement);
+  FillKeyValues(m.environment, j.mutable_environment());
+  FillKeyValues(m.placement, j.mutable_placement());
 
-  w.Key("anomaly").BeginObject();
-  w.Key("layer").StringOrNull(m.first_anomalous_layer);
-  w.Key("phase").StringOrNull(m.first_anomalous_phase);
-  w.Key("reason").StringOrNull(m.anomaly_reason);
-  w.EndObject();
-  w.Key("layers").BeginArray();
-  for (const auto& l : m.layers) Layer(w, l);
-  w.EndArray();
+  Json::Anomaly& anomaly = *j.mutable_anomaly();
+  SetIfPresent(m.first_anomalous_layer, [&anomaly](const auto& v) { anomaly.set_layer(v); });
+  SetIfPresent(m.first_anomalous_phase, [&anomaly](const auto& v) { anomaly.set_phase(v); });
+  SetIfPresent(m.anomaly_reason, [&anomaly](const auto& v) { anomaly.set_reason(v); });
+  for (const auto& l : m.layers) FillLayer(l, j.add_layers());
 
-  w.Key("data").BeginArray();
   for (const auto& s : m.sequences) {
-    w.BeginObject();
-    w.Key("sample_id").String(s.sample_id);
-    w.Key("token_count").Int(s.token_count);
-    w.Key("token_ids").BeginArray();
-    for (const int64_t id : s.token_ids) w.Int(id);
-    w.EndArray();
-    w.Key("raw_text").String(s.raw_text);
-    w.EndObject();
-  }
-  w.EndArray();
-
-  w.Key("log").BeginObject();
-  w.Key("lines").BeginArray();
-  for (const auto& l : m.log_lines) w.String(l);
-  w.EndArray();
-  w.Key("error").String(m.log_error);
-  w.EndObject();
-
-  w.Key("replay");
-  if (m.replay) {
-    Replay(w, *m.replay);
-  } else {
-    w.Null();
+    Json::Sequence& seq = *j.add_data();
+    seq.set_sample_id(s.sample_id);
+    seq.set_token_count(s.token_count);
+    for (const int64_t id_value : s.token_ids) seq.add_token_ids(id_value);
+    seq.set_raw_text(s.raw_text);
   }
 
-  w.Key("commands").BeginObject();
-  w.Key("verify").String(m.verify_command);
-  w.Key("replay").String(m.replay_command);
-  w.EndObject();
-  w.EndObject();
-  return w.Take() + "\n";
+  Json::Log& log = *j.mutable_log();
+  for (const auto& l : m.log_lines) log.add_lines(l);
+  log.set_error(m.log_error);
+
+  if (m.replay) FillReplay(*m.replay, j.mutable_replay());
+
+  j.mutable_commands()->set_verify(m.verify_command);
+  j.mutable_commands()->set_replay(m.replay_command);
+  return internal::PrintJson(j);
 }
 
 }  // namespace capsule

@@ -1,7 +1,8 @@
 // Escaping shared by the report and diff renderers. Not installed.
 //
 // Every string a renderer takes from a capsule is untrusted input, so each output format has one
-// escape function here and the renderers call it on every such string.
+// escape function here and the renderers call it on every such string (JSON is escaped by
+// protobuf's JSON mapping, internal/json.h).
 //
 // Thread safety: pure functions; thread-safe.
 #ifndef CAPSULE_REPORT_INTERNAL_TEXT_H_
@@ -12,11 +13,6 @@
 
 namespace capsule::internal {
 
-// Shortest text that reads back to the same double; non-finite values as protobuf's JSON mapping
-// writes them ("NaN", "Infinity", "-Infinity"), quoted.
-std::string JsonNumber(double v);
-// A JSON string literal, quotes included. Control characters and non-ASCII-safe bytes are escaped.
-std::string JsonString(std::string_view s);
 // &, <, >, " and ' as entities: safe in HTML text and in quoted attribute values.
 std::string HtmlEscape(std::string_view s);
 // Safe in Markdown text and table cells: HTML entities for <, >, &; backslash before Markdown

@@ -91,7 +91,7 @@ replay_json clean "$clean" --phase both --bisect
 rc=$?
 [ $rc -eq 0 ] && [ "$(field clean diagnosis)" = NO_DIVERGENCE ] &&
   [ "$(field clean fidelity)" = REPRODUCED_EXACT ] &&
-  [ "$(field clean first_divergent_layer)" = null ] &&
+  [ -z "$(field clean first_divergent_layer)" ] &&
   grep -q '"phase":"BACKWARD"' "$work/clean.json" ||
   bad clean "exit $rc, diagnosis $(field clean diagnosis), fidelity $(field clean fidelity)"
 echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, exit 0"

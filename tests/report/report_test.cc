@@ -5,8 +5,10 @@
 // CAPSULE_UPDATE_GOLDEN=1 rewrites tests/report/golden/ after an intended change.
 #include "capsule/report/report.h"
 
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -17,6 +19,7 @@
 #include "capsule/format/signing.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/proto/report.pb.h"
 #include "capsule/report/diff.h"
 #include "samples/golden/golden_capsules.h"
 
@@ -241,8 +244,8 @@ TEST(ReportRedactionTest, RedactedItemsAreLeftOut) {
     for (const char* text : {"| abcd |", ">abcd<", "\"abcd\"", "wxyz"}) {  // raw text
       EXPECT_EQ(out.find(text), std::string::npos) << text;
     }
-    EXPECT_EQ(out.find("97 98 99 100"), std::string::npos);  // token ids
-    EXPECT_EQ(out.find("[97,98"), std::string::npos);
+    EXPECT_EQ(out.find("97 98 99 100"), std::string::npos);    // token ids
+    EXPECT_EQ(out.find("[\"97\",\"98\""), std::string::npos);  // in JSON
     EXPECT_EQ(out.find("golden-host"), std::string::npos);     // host
     EXPECT_EQ(out.find("/data/tiny"), std::string::npos);      // paths
     EXPECT_NE(out.find("tokenizer.json"), std::string::npos);  // base names stay
@@ -251,6 +254,8 @@ TEST(ReportRedactionTest, RedactedItemsAreLeftOut) {
             std::string::npos);
 
   // Without --redact everything is there.
+  EXPECT_NE(RenderJson(FullModel()).find("\"token_ids\":[\"97\",\"98\",\"99\",\"100\"]"),
+            std::string::npos);
   const std::string plain = RenderMarkdown(FullModel());
   EXPECT_NE(plain.find("| abcd |"), std::string::npos);
   EXPECT_NE(plain.find("golden-host"), std::string::npos);
@@ -307,7 +312,10 @@ TEST(ReportTrustTest, UnsignedCapsuleReportBeginsWithAWarning) {
   EXPECT_EQ(
       html.find("<p class=\"warning\" id=\"trust-warning\">WARNING: this capsule is UNSIGNED"),
       body + 7);
-  EXPECT_EQ(RenderJson(m).rfind("{\"warning\":\"this capsule is UNSIGNED", 0), 0u);
+  v1::CapsuleReport json;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(RenderJson(m), &json).ok());
+  ASSERT_TRUE(json.has_warning());
+  EXPECT_EQ(json.warning().rfind("this capsule is UNSIGNED", 0), 0u) << json.warning();
 }
 
 TEST(ReportTrustTest, UntrustedSignerIsFlagged) {
@@ -319,12 +327,73 @@ TEST(ReportTrustTest, UntrustedSignerIsFlagged) {
       ModelOf(golden::MakeFullCapsule(), SignatureState::kVerified, {}).trust_warning.empty());
 }
 
+TEST(ReportJsonTest, IsACapsuleReportInTheJsonMapping) {
+  const ReportModel m = FullModel();
+  const std::string json = RenderJson(m);
+  ASSERT_EQ(json.back(), '\n');
+  v1::CapsuleReport back;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok()) << json;
+  EXPECT_EQ(back.file(), "full.capsule");
+  EXPECT_FALSE(back.has_warning());  // verified: no warning, and no key for it
+  EXPECT_EQ(json.find("\"warning\""), std::string::npos);
+  EXPECT_EQ(back.signer_key_id(), m.signer_key_id);
+  EXPECT_TRUE(std::isnan(back.trigger().observed()));
+  EXPECT_EQ(back.trigger().capture_rerun(), "RERUN_REPRODUCED");
+  ASSERT_EQ(back.history_size(), 6);
+  EXPECT_TRUE(std::isnan(back.history(5).loss()));
+  EXPECT_TRUE(back.history(5).trigger());
+  ASSERT_EQ(back.environment_size(), static_cast<int>(m.environment.size()));
+  EXPECT_EQ(back.environment(0).key(), "capsule version");
+  EXPECT_EQ(back.environment(back.environment_size() - 1).key(), "host");
+  EXPECT_EQ(back.anomaly().layer(), "blocks.0");
+  ASSERT_TRUE(back.has_replay());
+  EXPECT_EQ(back.replay().first_divergent_layer(), "blocks.0");
+  EXPECT_EQ(back.replay().bisect().first_bad_layer(), "blocks.0");
+  EXPECT_EQ(back.commands().verify(), "capsule verify full.capsule --pubkey SIGNER.pub");
+}
+
+TEST(ReportJsonTest, NoneIsAnAbsentKey) {
+  const DecodedCapsule d = Read(kMinimal);
+  const std::string json = RenderJson(BuildReportModel(*d.capsule, d.envelope, nullptr, {}));
+  for (const char* key : {"\"replay\":{", "\"capture_rerun\"", "\"registry_name\"",
+                          "\"model_sha256\"", "\"file_sha256\"", "\"layer\"", "\"warning\""}) {
+    EXPECT_EQ(json.find(key), std::string::npos) << key << " in " << json;
+  }
+  v1::CapsuleReport back;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok()) << json;
+  EXPECT_FALSE(back.has_replay());
+  // Plain fields are there with their defaults.
+  EXPECT_NE(json.find("\"threshold\":0"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"redacted\":[]"), std::string::npos) << json;
+}
+
+TEST(ReplayJsonTest, FirstDivergentLayerIsAbsentWhenNoneAndRoundTrips) {
+  v1::ReplayReport r;
+  r.set_diagnosis(v1::NO_DIVERGENCE);
+  r.set_optimized_loss(std::nan(""));
+  const std::string none = ReplayReportToJson(r);
+  EXPECT_EQ(none.find("first_divergent_layer"), std::string::npos) << none;
+  EXPECT_NE(none.find("\"optimized_loss\":\"NaN\""), std::string::npos) << none;
+  EXPECT_NE(none.find("\"reference_anomalous\":false"), std::string::npos) << none;
+  auto back = ParseReplayReportJson(none);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE((*back)->has_first_divergent_layer());
+
+  r.set_diagnosis(v1::NUMERICS);
+  r.set_first_divergent_layer("blocks.2");
+  const std::string some = ReplayReportToJson(r);
+  EXPECT_NE(some.find("\"first_divergent_layer\":\"blocks.2\""), std::string::npos) << some;
+  back = ParseReplayReportJson(some);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->first_divergent_layer(), "blocks.2");
+}
+
 TEST(ReplayJsonTest, AcceptsNullFirstDivergentLayerAndRejectsGarbage) {
   auto r = ParseReplayReportJson(
       R"({"diagnosis":"NO_DIVERGENCE","first_divergent_layer":null,"some_future_field":1})");
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ((*r)->diagnosis(), v1::NO_DIVERGENCE);
-  EXPECT_EQ((*r)->first_divergent_layer(), "");
+  EXPECT_FALSE((*r)->has_first_divergent_layer());
   auto bad = ParseReplayReportJson("{\"diagnosis\":");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
@@ -370,7 +439,16 @@ TEST(DiffTest, FullAgainstMinimalListsDifferencesInEverySection) {
   EXPECT_TRUE(has("trigger", "kind"));
   EXPECT_TRUE(has("trigger", "step"));
   EXPECT_TRUE(has("layers", "blocks.0/forward"));
-  EXPECT_NE(RenderDiffJson(diff).find("\"equivalent\":false"), std::string::npos);
+  const std::string json = RenderDiffJson(diff);
+  v1::CapsuleDiff back;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok()) << json;
+  EXPECT_FALSE(back.equivalent());
+  ASSERT_EQ(back.differences_size(), static_cast<int>(diff.size()));
+  EXPECT_EQ(back.differences(0).section(), diff[0].section);
+  EXPECT_EQ(back.differences(0).key(), diff[0].key);
+  EXPECT_EQ(back.differences(0).a(), diff[0].a);
+  EXPECT_EQ(back.differences(0).b(), diff[0].b);
+  EXPECT_NE(json.find("\"note\":\"\""), std::string::npos);  // an empty note is still a key
 }
 
 TEST(DiffTest, LayerStatsShowTheRelativeChange) {
