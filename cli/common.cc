@@ -1,5 +1,6 @@
 #include "capsule/cli/common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -7,10 +8,40 @@
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/format/signing.h"
+#ifdef CAPSULE_WITH_TORCH
+#include "capsule/probe/environment.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/replay/model_registry.h"
+#endif
 
 namespace capsule::cli {
 
-void PrintError(const Status& status) { std::cerr << "capsule: " << status.message() << "\n"; }
+void PrintError(const Status& status, std::string_view remedy) {
+  std::cerr << "capsule: " << status.message();
+  if (!remedy.empty()) std::cerr << "; " << remedy;
+  std::cerr << "\n";
+}
+
+std::string RerunRemedy(const Status& status, const RerunFacts& f) {
+  switch (status.code()) {
+    case StatusCode::kNotFound:
+      return f.model_registered ? "" : "load the model's plugin with --plugin SO";
+    case StatusCode::kFailedPrecondition:
+      // In the order replay checks them: environment, weights, then the batch.
+      if (f.torch_version_differs && !f.force) return f.has_force ? "--force to go on anyway" : "";
+      if (!f.weights_embedded && !f.weights) {
+        return f.has_weights ? "pass them with --weights FILE (a capsule written with weight "
+                               "policy ALL)"
+                             : "";
+      }
+      if (f.tokens_redacted) return "";
+      // What is left is a model hash mismatch with the weights given.
+      if (f.weights && !f.force && f.has_force) return "--force to replay anyway";
+      return "";
+    default:
+      return "";
+  }
+}
 
 int ExitCodeForReadError(const Status& status) {
   switch (status.code()) {
@@ -68,6 +99,20 @@ std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
   }
   return LoadedCapsule{std::move(*bytes), std::move(*decoded)};
 }
+
+#ifdef CAPSULE_WITH_TORCH
+RerunFacts RerunFactsOf(const v1::Capsule& c, const ModelRegistry& registry) {
+  RerunFacts f;
+  const std::vector<std::string> names = registry.names();
+  f.model_registered =
+      std::find(names.begin(), names.end(), c.model().registry_name()) != names.end();
+  f.torch_version_differs =
+      !c.environment().torch_version().empty() && c.environment().torch_version() != TorchVersion();
+  f.weights_embedded = c.model().weight_policy() == v1::WEIGHTS_ALL;
+  for (const auto& s : c.data().sequences()) f.tokens_redacted |= !s.token_ids_sha256().empty();
+  return f;
+}
+#endif
 
 std::string HumanBytes(uint64_t bytes) {
   char buf[32];

@@ -5,15 +5,42 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "capsule/base/status.h"
 #include "capsule/format/capsule_reader.h"
 
+namespace capsule {
+class ModelRegistry;
+}  // namespace capsule
+
 namespace capsule::cli {
 
-// Prints "capsule: <message>" to stderr.
-void PrintError(const Status& status);
+// Prints "capsule: <message>" to stderr, and "; <remedy>" after it when a remedy is given.
+void PrintError(const Status& status, std::string_view remedy = {});
+
+// What is known about a replay or extract the library refused, from which the remedy is chosen.
+// The libraries say what is wrong; which flag gets round it is the command line's to say.
+struct RerunFacts {
+  bool model_registered = true;        // the capsule's model is in the registry
+  bool torch_version_differs = false;  // the capsule was recorded with another torch
+  bool weights_embedded = true;        // the capsule holds all weights (weight policy ALL)
+  bool tokens_redacted = false;        // only the token ids' SHA-256 is kept
+  bool has_force = false;              // the subcommand has --force (replay)
+  bool force = false;                  // ... and it was given
+  bool has_weights = false;            // the subcommand has --weights (replay)
+  bool weights = false;                // ... and it was given
+};
+
+// The flag that gets round `status`, a refusal of ReplayCapsule or ExtractLayer, in words for
+// PrintError; empty when no flag can.
+std::string RerunRemedy(const Status& status, const RerunFacts& facts);
+
+#ifdef CAPSULE_WITH_TORCH
+// The facts the capsule and the registry give (the subcommand adds its flags).
+RerunFacts RerunFactsOf(const v1::Capsule& capsule, const ModelRegistry& registry);
+#endif
 
 // 1 for a capsule judged invalid (corrupt, truncated, unsigned, untrusted, not a capsule),
 // 2 for anything that stopped us from judging (missing file, permissions, limits, newer format).

@@ -51,7 +51,8 @@ int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
   auto extract =
       ExtractLayer(*loaded->decoded.capsule, registry, {o.layer, Sha256Hex(loaded->bytes)});
   if (!extract.ok()) {
-    PrintError(extract.status());
+    PrintError(extract.status(),
+               RerunRemedy(extract.status(), RerunFactsOf(*loaded->decoded.capsule, registry)));
     return kExitError;
   }
   WriteOptions write;

@@ -150,7 +150,11 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
   if (tty) std::cerr << "\r\033[K" << std::flush;
   if (!report.ok()) {
-    PrintError(report.status());
+    RerunFacts facts = RerunFactsOf(*loaded->decoded.capsule, registry);
+    facts.has_force = facts.has_weights = true;
+    facts.force = o.force;
+    facts.weights = !o.weights.empty();
+    PrintError(report.status(), RerunRemedy(report.status(), facts));
     return kExitError;
   }
   report->set_capsule(o.file);

@@ -33,8 +33,8 @@ StatusOr<std::unique_ptr<Model>> ModelRegistry::Create(const ModelSpecInfo& spec
       registered += (registered.empty() ? "" : ", ") + name;
     }
     if (registered.empty()) registered = "none";
-    return NotFoundError("model '" + spec.registry_name + "' is not registered; registered: " +
-                         registered + "; load its plugin with --plugin");
+    return NotFoundError("model '" + spec.registry_name +
+                         "' is not registered; registered: " + registered);
   }
   // Factories may come from a plugin: nothing they throw may escape into the caller.
   const std::string where = "model '" + spec.registry_name + "': ";

@@ -58,15 +58,14 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
     ro.allow_unsigned = true;  // a weights file is checked by its canonical hash, not its signer
     ro.allow_untrusted = true;
     auto weights = ReadCapsuleFile(options.weights_path, ro);
-    if (!weights.ok()) return weights.status().WithContext("--weights");
+    if (!weights.ok()) return weights.status().WithContext("weights " + options.weights_path);
     CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(*weights->capsule));
-    source = "--weights " + options.weights_path;
+    source = options.weights_path;
   } else {
     if (c.model().weight_policy() != v1::WEIGHTS_ALL) {
       return FailedPreconditionError(
           "the capsule does not embed the model's weights (weight policy " +
-          v1::WeightPolicy_Name(c.model().weight_policy()) +
-          "); pass them with --weights FILE (a capsule written with weight policy ALL)");
+          v1::WeightPolicy_Name(c.model().weight_policy()) + ")");
     }
     CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(c));
     source = "the capsule";
@@ -80,9 +79,7 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
                             "…, the capsule was recorded with " +
                             c.identity().model_sha256().substr(0, 16) + "…";
     if (!options.force) {
-      return FailedPreconditionError(msg +
-                                     "; these are another model's weights (--force to "
-                                     "replay anyway)");
+      return FailedPreconditionError(msg + "; these are another model's weights");
     }
     report.add_warnings(msg);
   }

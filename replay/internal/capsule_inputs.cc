@@ -64,7 +64,7 @@ Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>
   if (!recorded.empty() && recorded != TorchVersion()) {
     const std::string msg = "capsule was recorded with torch " + recorded + ", this is torch " +
                             TorchVersion() + "; kernels and RNG streams may differ";
-    if (!force) return FailedPreconditionError(msg + " (--force to go on anyway)");
+    if (!force) return FailedPreconditionError(msg);
     warnings->push_back(msg);
   }
   const int threads = c.numerics().intra_op_threads() > 0 ? c.numerics().intra_op_threads()

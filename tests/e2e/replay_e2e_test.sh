@@ -117,8 +117,9 @@ printf '\xff' | dd of="$work/tampered.capsule" bs=1 seek=200 conv=notrunc status
 refuse tampered "corrupt" "$work/tampered.capsule" --plugin "$plugin" --pubkey "$work/k.pub"
 other_model=$(cd "$work" && "$trainer" train --quiet --steps 4 --seed 7 --capture-at-step 2 \
   --capsule-dir "$work/seed7" --key "$work/k.key" > /dev/null 2>&1; ls "$work"/seed7/*.capsule)
-refuse other-weights "another model's weights" "$clean" --plugin "$plugin" --pubkey "$work/k.pub" \
+refuse other-weights "another model's weights; --force to replay anyway" "$clean" --plugin "$plugin" --pubkey "$work/k.pub" \
   --weights "$other_model"
 refuse plugin-missing "does not exist" "$clean" --plugin "$work/nope.so" --pubkey "$work/k.pub"
-refuse not-registered "not registered" "$clean" --pubkey "$work/k.pub"
+refuse not-registered "not registered; registered: none; load the model's plugin with --plugin" \
+  "$clean" --pubkey "$work/k.pub"
 exit $fail
