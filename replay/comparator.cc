@@ -14,46 +14,8 @@
 namespace capsule {
 
 // ---------------------------------------------------------------------------------------------
-// Default tolerances by candidate dtype: the one table (README.md repeats it).
-//
-// Calibrated on tiny_gpt with the layerwise comparison replay runs (each layer fed the REFERENCE
-// input, and backward the REFERENCE upstream gradient, cast to the path's dtype; outputs, input
-// gradients and parameter gradients compared with the FP64 reference): 4- and 8-block models, seeds
-// 0-4, untrained and after 20 Adam steps, two batches each, 1 intra-op thread (40 clean runs per
-// dtype); faults eps (every block and ln_f) and tail-block (every block) on seeds 0-2 (156 runs).
-// "err" is max |c - r|, "scaled" is max |c - r| / max |r|, per tensor, worst over all runs (clean)
-// or weakest over all runs at the faulted layer (faults):
-//
-//   float32 (the real OPTIMIZED path)   clean err    clean scaled   eps fault scaled  tail-block
-//     forward                            1.9e-06      6.5e-07        >= 3.0e-04        >= 0.55
-//     backward (dx, param grads)         1.2e-07      1.2e-06        >= 1.9e-03        >= 1.6
-//   Gradients are ~1e-5..1e-2 here (mean loss over 256 tokens), so backward clean errors
-//   (<= 1.2e-7) and the weakest eps fault (1.2e-6) are only 10x apart in absolute terms but 1600x
-//   apart relative to the tensor's scale: no absolute atol separates them, which is why
-//   AtolScale::kReferenceMax exists. With {2e-5, 1e-5} the worst clean element sits at
-//     kAbsolute      forward 0.036 of its bound (28x margin); faults fail by >= 32x (eps);
-//     kReferenceMax  forward 0.024, backward 0.042 (24x); faults fail by >= 11x forward (eps),
-//                    >= 63x backward (eps), >= 2.5e4x (tail-block).
-//   In kAbsolute mode the eps fault's gradients pass (0.06 of the bound): compare gradients with
-//   kReferenceMax. A wider clean sweep (320 untrained runs: seeds 0-39, 4- and 8-block, 4 batches)
-//   stayed at <= 0.016 (kAbsolute forward), 0.019 / 0.066 (kReferenceMax forward / backward).
-//
-//   float64 (tiny_gpt's fused kernels run in FP64, emulated): clean forward err 3.6e-15 (scaled
-//   5.9e-16), input gradients 5.6e-17 (scaled 9.8e-16); {1e-10, 1e-8} leaves > 1e4x on both sides.
-//
-//   bfloat16 and float16 (emulated: weights, inputs and every op output, gradients included,
-//   rounded to 16 bits, FP32 compute; pessimistic next to kernels that round only their outputs;
-//   float16 with the upstream gradient scaled to max 1, as loss scaling does, since raw gradients
-//   of ~1e-6 underflow in float16):
-//                 clean scaled fwd / bwd     eps scaled fwd / bwd    tail-block scaled fwd / bwd
-//     bfloat16    8.4e-03 / 2.7e-02          5.4e-03 / 1.0e-02       0.55 / 1.6
-//     float16     1.2e-03 / 4.4e-03          1.1e-03 / 2.3e-03       0.55 / 1.6
-//   An eps fault is below 16-bit rounding noise and cannot be told apart at these precisions;
-//   tail-block can. bfloat16 {1e-1, 5e-2}: clean at <= 0.058 / 0.23 of the bound (kReferenceMax),
-//   tail-block fails by >= 4.9x / 12x. float16 {3e-2, 3e-2}: clean <= 0.020 / 0.099, tail-block
-//   fails by >= 15x / 37x. In kAbsolute mode clean forward layers stay >= 6.7x (bfloat16) / 26x
-//   (float16) inside the bound, but a bfloat16 tail-block fault on small activations can pass
-//   (0.71 of the bound).
+// Default tolerances by candidate dtype: the one table (README.md repeats it). How each row was
+// measured, and the margins it leaves: docs/TOLERANCES.md.
 Tolerance DefaultTolerance(at::ScalarType candidate_dtype) {
   switch (candidate_dtype) {
     case at::kDouble:

@@ -65,7 +65,7 @@ struct ReplayOptions {
   std::function<void(const std::string&)> progress;
 };
 
-// The oracle's default tolerance for a candidate dtype (replayer.cc has the measurements).
+// The oracle's default tolerance for a candidate dtype (docs/TOLERANCES.md has the measurements).
 Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype);
 
 // kNotFound: model not registered; kFailedPrecondition: weights or environment mismatch without
