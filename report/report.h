@@ -3,7 +3,7 @@
 // given a replay result, the per-layer divergence) into a plain ReportModel; the Render*
 // functions print that one model as Markdown (for an issue), self-contained HTML with inline SVG
 // charts, or JSON. Keeping the facts apart from their presentation means the three formats can
-// never disagree (DESIGN.md §6).
+// never disagree (cli/capsule.md, "report", lists what each shows).
 //
 //   capsule::ReportOptions options;
 //   options.file_name = "run-step5.capsule";

@@ -1,5 +1,6 @@
-// DESIGN.md §9: every single-byte flip and every truncation of a capsule is rejected with the right
-// code. Exhaustive over small capsules; each region of the file is also held to its own code.
+// proto/FORMAT.md §6: every single-byte flip and every truncation of a capsule is rejected with
+// the right code. Exhaustive over small capsules; each region of the file is also held to its own
+// code.
 #include <gtest/gtest.h>
 
 #include <map>

@@ -1,4 +1,4 @@
-// The DecodeCapsule fuzz target (DESIGN.md §9), shared by the libFuzzer binary
+// The DecodeCapsule fuzz target (README, "Building by hand"), shared by the libFuzzer binary
 // (capsule_decode_fuzzer), the ctest regression driver (capsule_fuzz_regression) and the seed
 // corpus generator (capsule_fuzz_make_corpus).
 //
