@@ -285,10 +285,9 @@ svg .point.loss{fill:#4c8bf5}svg .point.grad-norm{fill:#8250df}svg .point.nonfin
 svg .trigger{stroke:#d1242f;stroke-dasharray:4 3}svg text.trigger{stroke:none;fill:#d1242f}svg .tolerance{stroke:#1b1f24;stroke-width:1.5}
 )";
 
-}  // namespace
+// One function per section, in page order; each writes nothing when it has nothing to show.
 
-std::string RenderHtml(const ReportModel& m) {
-  std::ostringstream out;
+void Head(std::ostream& out, const ReportModel& m) {
   out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
       << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
       // The page needs nothing from anywhere: forbid every fetch and every script outright.
@@ -297,6 +296,9 @@ std::string RenderHtml(const ReportModel& m) {
       << "<title>capsule report: " << HtmlEscape(m.trigger_kind) << " at step " << m.step
       << " in run " << HtmlEscape(m.run_name) << "</title>\n<style>" << kStyle
       << "</style></head>\n<body>\n";
+}
+
+void Title(std::ostream& out, const ReportModel& m) {
   if (!m.trust_warning.empty()) {
     out << "<p class=\"warning\" id=\"trust-warning\">WARNING: " << HtmlEscape(m.trust_warning)
         << ".</p>\n";
@@ -304,6 +306,9 @@ std::string RenderHtml(const ReportModel& m) {
   out << "<h1>capsule report: " << HtmlEscape(m.trigger_kind) << " at step " << m.step
       << " in run &quot;" << HtmlEscape(m.run_name) << "&quot;</h1>\n";
   out << "<p class=\"summary\"><b>Summary:</b> " << HtmlEscape(m.summary) << "</p>\n";
+}
+
+void Provenance(std::ostream& out, const ReportModel& m) {
   std::vector<ReportKeyValue> head = {{"capsule", m.file_name}};
   if (!m.file_sha256.empty()) head.push_back({"capsule sha256", m.file_sha256});
   head.push_back(
@@ -320,7 +325,9 @@ std::string RenderHtml(const ReportModel& m) {
     head.push_back({"left out of this report", r});
   }
   KeyValueTable(out, head);
+}
 
+void Diagnosis(std::ostream& out, const ReportModel& m) {
   if (m.replay) {
     const ReportReplay& r = *m.replay;
     out << "<h2>Diagnosis</h2>\n<ul><li>diagnosis: <b>" << HtmlEscape(r.diagnosis) << "</b>";
@@ -338,7 +345,9 @@ std::string RenderHtml(const ReportModel& m) {
                                                   "</b> (" + r.first_divergent_phase + ")")
         << "</li></ul>\n";
   }
+}
 
+void Trigger(std::ostream& out, const ReportModel& m) {
   out << "<h2>Trigger</h2>\n<ul><li>kind: " << HtmlEscape(m.trigger_kind)
       << "</li><li>observed: " << FormatSignificant(m.trigger_observed, 6) << ", threshold "
       << FormatSignificant(m.trigger_threshold, 6) << "</li>";
@@ -348,7 +357,9 @@ std::string RenderHtml(const ReportModel& m) {
   if (!m.capture_rerun.empty()) out << "<li>capture re-run: " << m.capture_rerun << "</li>";
   out << "<li>step " << m.step << " (micro-batch " << m.micro_batch << ", epoch " << m.epoch << ", "
       << m.tokens_seen << " tokens seen)</li></ul>\n";
+}
 
+void History(std::ostream& out, const ReportModel& m) {
   if (!m.history.empty()) {
     const size_t from = static_cast<size_t>(m.history_table_from);
     out << "<h2>Step history</h2>\n";
@@ -362,7 +373,9 @@ std::string RenderHtml(const ReportModel& m) {
     }
     out << "</table>\n";
   }
+}
 
+void LayerStats(std::ostream& out, const ReportModel& m) {
   if (!m.layers.empty()) {
     out << "<h2>Per-layer stats</h2>\n";
     if (!m.first_anomalous_layer.empty()) {
@@ -381,7 +394,9 @@ std::string RenderHtml(const ReportModel& m) {
       out << "</details>\n";
     }
   }
+}
 
+void Divergence(std::ostream& out, const ReportModel& m) {
   if (m.replay) {
     const ReportReplay& r = *m.replay;
     if (!r.layers.empty()) {
@@ -412,7 +427,9 @@ std::string RenderHtml(const ReportModel& m) {
       out << "<p class=\"warning\">replay warning: " << HtmlEscape(w) << "</p>\n";
     }
   }
+}
 
+void Identity(std::ostream& out, const ReportModel& m) {
   out << "<h2>Identity</h2>\n";
   std::vector<ReportKeyValue> id = {
       {"model sha256", m.model_sha256.empty() ? "-" : m.model_sha256},
@@ -433,6 +450,9 @@ std::string RenderHtml(const ReportModel& m) {
     out << "<details><summary>Config text</summary><pre>" << HtmlEscape(m.config_text)
         << "</pre></details>\n";
   }
+}
+
+void EnvironmentAndPlacement(std::ostream& out, const ReportModel& m) {
   if (!m.environment.empty()) {
     out << "<h2>Environment</h2>\n";
     KeyValueTable(out, m.environment);
@@ -441,6 +461,9 @@ std::string RenderHtml(const ReportModel& m) {
     out << "<h2>Placement</h2>\n";
     KeyValueTable(out, m.placement);
   }
+}
+
+void Batch(std::ostream& out, const ReportModel& m) {
   if (!m.sequences.empty()) {
     out << "<details><summary>Batch: " << m.sequences.size() << " sequences</summary>\n"
         << "<table><tr><th>sample</th><th>tokens</th><th>token ids</th><th>raw text</th></tr>\n";
@@ -455,12 +478,18 @@ std::string RenderHtml(const ReportModel& m) {
     }
     out << "</table></details>\n";
   }
+}
+
+void Log(std::ostream& out, const ReportModel& m) {
   if (!m.log_lines.empty() || !m.log_error.empty()) {
     out << "<details><summary>Trainer log (" << m.log_lines.size() << " lines)</summary><pre>";
     for (const auto& l : m.log_lines) out << HtmlEscape(l) << "\n";
     if (!m.log_error.empty()) out << "error: " << HtmlEscape(m.log_error) << "\n";
     out << "</pre></details>\n";
   }
+}
+
+void Commands(std::ostream& out, const ReportModel& m) {
   out << "<h2>Verify and replay</h2>\n<pre>" << HtmlEscape(m.verify_command) << "\n"
       << HtmlEscape(m.replay_command) << "</pre>\n";
   if (!m.file_sha256.empty()) {
@@ -469,7 +498,28 @@ std::string RenderHtml(const ReportModel& m) {
       out << ", signer key id <code>" << HtmlEscape(m.signer_key_id) << "</code>";
     out << "</p>\n";
   }
-  out << "</body></html>\n";
+}
+
+void Foot(std::ostream& out) { out << "</body></html>\n"; }
+
+}  // namespace
+
+std::string RenderHtml(const ReportModel& m) {
+  std::ostringstream out;
+  Head(out, m);
+  Title(out, m);
+  Provenance(out, m);
+  Diagnosis(out, m);
+  Trigger(out, m);
+  History(out, m);
+  LayerStats(out, m);
+  Divergence(out, m);
+  Identity(out, m);
+  EnvironmentAndPlacement(out, m);
+  Batch(out, m);
+  Log(out, m);
+  Commands(out, m);
+  Foot(out);
   return out.str();
 }
 

@@ -63,17 +63,18 @@ void Details(std::ostream& out, const std::string& summary) {
   out << "<details><summary>" << MarkdownEscape(summary) << "</summary>\n\n";
 }
 
-}  // namespace
+// One function per section, in page order; each writes nothing when it has nothing to show.
 
-std::string RenderMarkdown(const ReportModel& m) {
-  std::ostringstream out;
+void Title(std::ostream& out, const ReportModel& m) {
   if (!m.trust_warning.empty()) {
     out << "> **WARNING: " << MarkdownEscape(m.trust_warning) << ".**\n\n";
   }
   out << "## capsule report: " << MarkdownEscape(m.trigger_kind) << " at step " << m.step
       << " in run \"" << MarkdownEscape(m.run_name) << "\"\n\n";
   out << "**Summary:** " << MarkdownEscape(m.summary) << "\n\n";
+}
 
+void Provenance(std::ostream& out, const ReportModel& m) {
   out << "| | |\n|---|---|\n";
   out << "| capsule | `" << MarkdownEscape(m.file_name) << "` |\n";
   if (!m.file_sha256.empty()) out << "| capsule sha256 | `" << m.file_sha256 << "` |\n";
@@ -93,100 +94,110 @@ std::string RenderMarkdown(const ReportModel& m) {
     out << " |\n";
   }
   out << "\n";
+}
 
-  if (m.replay) {
-    const ReportReplay& r = *m.replay;
-    out << "### Diagnosis\n\n";
-    out << "- diagnosis: **" << MarkdownEscape(r.diagnosis) << "**";
-    if (!r.diagnosis_text.empty()) out << " — " << MarkdownEscape(r.diagnosis_text);
-    out << "\n- fidelity: " << MarkdownEscape(r.fidelity);
-    if (!r.fidelity_detail.empty()) out << " (" << MarkdownEscape(r.fidelity_detail) << ")";
-    out << "\n- captured value " << FormatSignificant(r.captured_value, 6) << ", replayed value "
-        << FormatSignificant(r.replayed_value, 6) << "\n";
-    out << "- loss: optimized " << FormatSignificant(r.optimized_loss, 6) << ", reference "
-        << FormatSignificant(r.reference_loss, 6)
-        << (r.reference_anomalous ? " (reference anomalous too)" : "") << "\n";
-    out << "- first divergent layer: "
-        << (r.first_divergent_layer.empty() ? std::string("none")
-                                            : "**" + MarkdownEscape(r.first_divergent_layer) +
-                                                  "** (" + r.first_divergent_phase + ")")
-        << "\n\n";
-  }
+void Diagnosis(std::ostream& out, const ReportModel& m) {
+  if (!m.replay) return;
+  const ReportReplay& r = *m.replay;
+  out << "### Diagnosis\n\n";
+  out << "- diagnosis: **" << MarkdownEscape(r.diagnosis) << "**";
+  if (!r.diagnosis_text.empty()) out << " — " << MarkdownEscape(r.diagnosis_text);
+  out << "\n- fidelity: " << MarkdownEscape(r.fidelity);
+  if (!r.fidelity_detail.empty()) out << " (" << MarkdownEscape(r.fidelity_detail) << ")";
+  out << "\n- captured value " << FormatSignificant(r.captured_value, 6) << ", replayed value "
+      << FormatSignificant(r.replayed_value, 6) << "\n";
+  out << "- loss: optimized " << FormatSignificant(r.optimized_loss, 6) << ", reference "
+      << FormatSignificant(r.reference_loss, 6)
+      << (r.reference_anomalous ? " (reference anomalous too)" : "") << "\n";
+  out << "- first divergent layer: "
+      << (r.first_divergent_layer.empty() ? std::string("none")
+                                          : "**" + MarkdownEscape(r.first_divergent_layer) +
+                                                "** (" + r.first_divergent_phase + ")")
+      << "\n\n";
+}
 
+void Trigger(std::ostream& out, const ReportModel& m) {
   out << "### Trigger\n\n";
   out << "- kind: " << MarkdownEscape(m.trigger_kind) << "\n";
   out << "- observed: " << FormatSignificant(m.trigger_observed, 6) << ", threshold "
       << FormatSignificant(m.trigger_threshold, 6) << "\n";
   if (!m.trigger_rule.empty()) out << "- rule: " << MarkdownEscape(m.trigger_rule) << "\n";
-  if (!m.trigger_message.empty()) out << "- message: " << MarkdownEscape(m.trigger_message) << "\n";
+  if (!m.trigger_message.empty()) {
+    out << "- message: " << MarkdownEscape(m.trigger_message) << "\n";
+  }
   if (!m.capture_rerun.empty()) out << "- capture re-run: " << m.capture_rerun << "\n";
   out << "- step " << m.step << " (micro-batch " << m.micro_batch << ", epoch " << m.epoch << ", "
       << m.tokens_seen << " tokens seen)\n\n";
+}
 
-  if (!m.history.empty()) {
-    const size_t from = static_cast<size_t>(m.history_table_from);
-    out << "### Step history (last " << m.history.size() - from << " of " << m.history.size()
-        << " steps)\n\n";
-    out << "| step | loss | grad norm | |\n|---:|---:|---:|---|\n";
-    for (size_t i = from; i < m.history.size(); ++i) {
-      const ReportHistoryRow& h = m.history[i];
-      if (h.trigger) {
-        out << "| **" << h.step << "** | **" << Opt(h.loss) << "** | **" << Opt(h.grad_norm)
-            << "** | **← trigger** |\n";
-      } else {
-        out << "| " << h.step << " | " << Opt(h.loss) << " | " << Opt(h.grad_norm) << " | |\n";
-      }
-    }
-    out << "\n";
-  }
-
-  if (!m.layers.empty()) {
-    out << "### Per-layer stats";
-    if (!m.first_anomalous_layer.empty()) {
-      out << " around the first anomaly: " << MarkdownEscape(m.first_anomalous_layer) << " ("
-          << m.first_anomalous_phase << ")";
-      if (!m.anomaly_reason.empty()) out << ", " << MarkdownEscape(m.anomaly_reason);
+void History(std::ostream& out, const ReportModel& m) {
+  if (m.history.empty()) return;
+  const size_t from = static_cast<size_t>(m.history_table_from);
+  out << "### Step history (last " << m.history.size() - from << " of " << m.history.size()
+      << " steps)\n\n";
+  out << "| step | loss | grad norm | |\n|---:|---:|---:|---|\n";
+  for (size_t i = from; i < m.history.size(); ++i) {
+    const ReportHistoryRow& h = m.history[i];
+    if (h.trigger) {
+      out << "| **" << h.step << "** | **" << Opt(h.loss) << "** | **" << Opt(h.grad_norm)
+          << "** | **← trigger** |\n";
     } else {
-      out << " (no anomalous layer)";
+      out << "| " << h.step << " | " << Opt(h.loss) << " | " << Opt(h.grad_norm) << " | |\n";
     }
-    out << "\n\n";
-    LayerTable(out, m.layer_window);
+  }
+  out << "\n";
+}
+
+void LayerStats(std::ostream& out, const ReportModel& m) {
+  if (m.layers.empty()) return;
+  out << "### Per-layer stats";
+  if (!m.first_anomalous_layer.empty()) {
+    out << " around the first anomaly: " << MarkdownEscape(m.first_anomalous_layer) << " ("
+        << m.first_anomalous_phase << ")";
+    if (!m.anomaly_reason.empty()) out << ", " << MarkdownEscape(m.anomaly_reason);
+  } else {
+    out << " (no anomalous layer)";
+  }
+  out << "\n\n";
+  LayerTable(out, m.layer_window);
+  out << "\n";
+  if (m.layer_window.size() < m.layers.size()) {
+    Details(out, "All " + std::to_string(m.layers.size()) + " layer stats");
+    LayerTable(out, m.layers);
+    out << "\n</details>\n\n";
+  }
+}
+
+void Divergence(std::ostream& out, const ReportModel& m) {
+  if (!m.replay) return;
+  const ReportReplay& r = *m.replay;
+  if (!r.layers.empty()) {
+    out << "### Per-layer divergence (optimized vs reference)\n\n";
+    out << "| # | layer | phase | max abs | max rel | non-finite | verdict |\n"
+        << "|---:|---|---|---:|---:|---:|---|\n";
+    for (const auto& l : r.layers) {
+      std::string name = MarkdownEscape(l.name);
+      if (!l.tensor.empty()) name += " (" + MarkdownEscape(l.tensor) + ")";
+      std::string verdict = MarkdownEscape(l.verdict);
+      if (l.first_divergent) verdict = "**" + verdict + " ← first divergence**";
+      out << "| " << l.index << " | " << name << " | " << l.phase << " | "
+          << FormatSignificant(l.max_abs_err, 6) << " | " << FormatSignificant(l.max_rel_err, 6)
+          << " | " << l.nonfinite_mismatch << " | " << verdict << " |\n";
+    }
     out << "\n";
-    if (m.layer_window.size() < m.layers.size()) {
-      Details(out, "All " + std::to_string(m.layers.size()) + " layer stats");
-      LayerTable(out, m.layers);
-      out << "\n</details>\n\n";
-    }
   }
-
-  if (m.replay) {
-    const ReportReplay& r = *m.replay;
-    if (!r.layers.empty()) {
-      out << "### Per-layer divergence (optimized vs reference)\n\n";
-      out << "| # | layer | phase | max abs | max rel | non-finite | verdict |\n"
-          << "|---:|---|---|---:|---:|---:|---|\n";
-      for (const auto& l : r.layers) {
-        std::string name = MarkdownEscape(l.name);
-        if (!l.tensor.empty()) name += " (" + MarkdownEscape(l.tensor) + ")";
-        std::string verdict = MarkdownEscape(l.verdict);
-        if (l.first_divergent) verdict = "**" + verdict + " ← first divergence**";
-        out << "| " << l.index << " | " << name << " | " << l.phase << " | "
-            << FormatSignificant(l.max_abs_err, 6) << " | " << FormatSignificant(l.max_rel_err, 6)
-            << " | " << l.nonfinite_mismatch << " | " << verdict << " |\n";
-      }
-      out << "\n";
-    }
-    if (!r.bisect_strategy.empty()) {
-      out << "**Bisect** (" << MarkdownEscape(r.bisect_strategy) << "): first bad layer "
-          << (r.bisect_first_bad_layer.empty()
-                  ? std::string("none")
-                  : "**" + MarkdownEscape(r.bisect_first_bad_layer) + "**")
-          << " after " << r.bisect_probes << " probes (bound " << r.bisect_probe_bound << ") over "
-          << r.bisect_layers << " layers.\n\n";
-    }
-    for (const auto& w : r.warnings) out << "> replay warning: " << MarkdownEscape(w) << "\n\n";
+  if (!r.bisect_strategy.empty()) {
+    out << "**Bisect** (" << MarkdownEscape(r.bisect_strategy) << "): first bad layer "
+        << (r.bisect_first_bad_layer.empty()
+                ? std::string("none")
+                : "**" + MarkdownEscape(r.bisect_first_bad_layer) + "**")
+        << " after " << r.bisect_probes << " probes (bound " << r.bisect_probe_bound << ") over "
+        << r.bisect_layers << " layers.\n\n";
   }
+  for (const auto& w : r.warnings) out << "> replay warning: " << MarkdownEscape(w) << "\n\n";
+}
 
+void Identity(std::ostream& out, const ReportModel& m) {
   out << "### Identity\n\n| | |\n|---|---|\n";
   out << "| model sha256 | `" << MarkdownEscape(m.model_sha256.empty() ? "-" : m.model_sha256)
       << "` |\n";
@@ -211,7 +222,9 @@ std::string RenderMarkdown(const ReportModel& m) {
     Pre(out, m.config_text);
     out << "\n</details>\n\n";
   }
+}
 
+void EnvironmentAndPlacement(std::ostream& out, const ReportModel& m) {
   if (!m.environment.empty()) {
     out << "### Environment\n\n";
     KeyValueTable(out, m.environment);
@@ -222,30 +235,35 @@ std::string RenderMarkdown(const ReportModel& m) {
     KeyValueTable(out, m.placement);
     out << "\n";
   }
+}
 
-  if (!m.sequences.empty()) {
-    Details(out, "Batch: " + std::to_string(m.sequences.size()) + " sequences");
-    out << "| sample | tokens | token ids | raw text |\n|---|---:|---|---|\n";
-    for (const auto& s : m.sequences) {
-      std::string ids;
-      for (size_t i = 0; i < s.token_ids.size(); ++i) {
-        ids += (i ? " " : "") + std::to_string(s.token_ids[i]);
-      }
-      out << "| " << MarkdownEscape(s.sample_id) << " | " << s.token_count << " | "
-          << (ids.empty() ? "-" : ids) << " | "
-          << (s.raw_text.empty() ? "-" : MarkdownEscape(s.raw_text)) << " |\n";
+void Batch(std::ostream& out, const ReportModel& m) {
+  if (m.sequences.empty()) return;
+  Details(out, "Batch: " + std::to_string(m.sequences.size()) + " sequences");
+  out << "| sample | tokens | token ids | raw text |\n|---|---:|---|---|\n";
+  for (const auto& s : m.sequences) {
+    std::string ids;
+    for (size_t i = 0; i < s.token_ids.size(); ++i) {
+      ids += (i ? " " : "") + std::to_string(s.token_ids[i]);
     }
-    out << "\n</details>\n\n";
+    out << "| " << MarkdownEscape(s.sample_id) << " | " << s.token_count << " | "
+        << (ids.empty() ? "-" : ids) << " | "
+        << (s.raw_text.empty() ? "-" : MarkdownEscape(s.raw_text)) << " |\n";
   }
-  if (!m.log_lines.empty() || !m.log_error.empty()) {
-    Details(out, "Trainer log (" + std::to_string(m.log_lines.size()) + " lines)");
-    std::string text;
-    for (const auto& l : m.log_lines) text += l + "\n";
-    if (!m.log_error.empty()) text += "error: " + m.log_error + "\n";
-    Pre(out, text);
-    out << "\n</details>\n\n";
-  }
+  out << "\n</details>\n\n";
+}
 
+void Log(std::ostream& out, const ReportModel& m) {
+  if (m.log_lines.empty() && m.log_error.empty()) return;
+  Details(out, "Trainer log (" + std::to_string(m.log_lines.size()) + " lines)");
+  std::string text;
+  for (const auto& l : m.log_lines) text += l + "\n";
+  if (!m.log_error.empty()) text += "error: " + m.log_error + "\n";
+  Pre(out, text);
+  out << "\n</details>\n\n";
+}
+
+void Commands(std::ostream& out, const ReportModel& m) {
   out << "### Verify and replay\n\n";
   CodeBlock(out, "sh", m.verify_command + "\n" + m.replay_command + "\n");
   out << "\n";
@@ -256,6 +274,24 @@ std::string RenderMarkdown(const ReportModel& m) {
   } else if (!m.signer_key_id.empty()) {
     out << "signer key id `" << m.signer_key_id << "`\n";
   }
+}
+
+}  // namespace
+
+std::string RenderMarkdown(const ReportModel& m) {
+  std::ostringstream out;
+  Title(out, m);
+  Provenance(out, m);
+  Diagnosis(out, m);
+  Trigger(out, m);
+  History(out, m);
+  LayerStats(out, m);
+  Divergence(out, m);
+  Identity(out, m);
+  EnvironmentAndPlacement(out, m);
+  Batch(out, m);
+  Log(out, m);
+  Commands(out, m);
   return out.str();
 }
 
