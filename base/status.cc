@@ -1,7 +1,9 @@
 #include "capsule/base/status.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
 
 namespace capsule {
 namespace {
@@ -102,5 +104,14 @@ Status ErrnoError(int err, std::string_view what, std::string_view path) {
       return InternalError(std::move(m));
   }
 }
+
+namespace internal {
+
+void DieOfBadStatusOrAccess(const Status& status) {
+  std::cerr << "StatusOr has no value: " << status << std::endl;
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace capsule

@@ -103,7 +103,14 @@ Status UnavailableError(std::string message);
 // kInternal.
 Status ErrnoError(int err, std::string_view what, std::string_view path);
 
-// Either a value or a non-OK Status.
+namespace internal {
+// Prints "StatusOr has no value: <status>" to stderr and aborts: reading the value of an error is a
+// bug in the caller, and continuing would read an empty optional.
+[[noreturn]] void DieOfBadStatusOrAccess(const Status& status);
+}  // namespace internal
+
+// Either a value or a non-OK Status. value(), operator* and operator-> require ok(); on an error
+// they abort with the status text (as absl::StatusOr does), never read an absent value.
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
@@ -122,16 +129,29 @@ class [[nodiscard]] StatusOr {
   const Status& status() const& { return status_; }
   Status status() && { return std::move(status_); }
 
-  const T& value() const& { return *value_; }
-  T& value() & { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  const T& operator*() const& { return *value_; }
-  T& operator*() & { return *value_; }
-  T&& operator*() && { return std::move(*value_); }
-  const T* operator->() const { return &*value_; }
-  T* operator->() { return &*value_; }
+  const T& value() const& {
+    EnsureValue();
+    return *value_;
+  }
+  T& value() & {
+    EnsureValue();
+    return *value_;
+  }
+  T&& value() && {
+    EnsureValue();
+    return std::move(*value_);
+  }
+  const T& operator*() const& { return value(); }
+  T& operator*() & { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
+  const T* operator->() const { return &value(); }
+  T* operator->() { return &value(); }
 
  private:
+  void EnsureValue() const {
+    if (!value_.has_value()) internal::DieOfBadStatusOrAccess(status_);
+  }
+
   Status status_;
   std::optional<T> value_;
 };

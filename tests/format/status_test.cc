@@ -159,6 +159,17 @@ TEST(StatusOrTest, ArrowAndMutation) {
   EXPECT_EQ(moved.code(), StatusCode::kNotFound);
 }
 
+// Reading the value of an error used to dereference an empty std::optional (undefined behaviour,
+// garbage or a crash far from the cause); now it stops at once and says which error it was.
+TEST(StatusOrDeathTest, ValueOfAnErrorAbortsWithTheStatus) {
+  const StatusOr<int> e = Half(3);
+  EXPECT_DEATH((void)e.value(), "StatusOr has no value: INVALID_ARGUMENT: 3 is odd");
+  EXPECT_DEATH((void)*e, "StatusOr has no value: INVALID_ARGUMENT: 3 is odd");
+  StatusOr<std::string> gone(NotFoundError("gone"));
+  EXPECT_DEATH((void)gone->size(), "StatusOr has no value: NOT_FOUND: gone");
+  EXPECT_DEATH((void)std::move(gone).value(), "NOT_FOUND: gone");
+}
+
 TEST(StatusOrTest, OkStatusWithoutValueIsAnError) {
 #ifdef NDEBUG
   // Release builds keep going with an internal error instead of an empty "ok" value.
