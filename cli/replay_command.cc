@@ -14,6 +14,7 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/plugin_loader.h"
 #include "capsule/replay/replayer.h"
+#include "capsule/report/replay_text.h"
 #include "capsule/report/report.h"
 
 namespace capsule::cli {
@@ -166,6 +167,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   if (o.bisect_given) cmd += " --bisect=" + o.bisect;
   if (o.phase != "forward") cmd += " --phase " + o.phase;
   report->set_replay_command(cmd);
+  report->set_diagnosis_text(DiagnosisSentence(*report));
   if (o.json) {
     std::cout << ReplayReportToJson(*report);
   } else {

@@ -284,18 +284,14 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
                                " (captured for the first anomalous layer only); not judged");
   }
 
+  report.set_extract_layer(layer);
   if (cmp.diverged) {
     report.set_diagnosis(v1::NUMERICS);
     report.set_first_divergent_layer(layer);
     report.set_first_divergent_phase(v1::FORWARD);
-    report.set_diagnosis_text("numerics in the optimized path: layer " + layer +
-                              " diverges from the reference on its reference input (extract)");
+    report.set_first_divergent_source(v1::LAYERWISE);
   } else {
     report.set_diagnosis(v1::NO_DIVERGENCE);
-    report.set_diagnosis_text(
-        "no divergence: the optimized and reference paths agree within "
-        "tolerance on layer " +
-        layer + " (extract)");
   }
   return report;
 }

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <map>
 
-#include "capsule/base/strings.h"
 #include "capsule/bisect/search.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/probe/environment.h"
@@ -21,6 +20,7 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/extract.h"
 #include "capsule/replay/internal/capsule_inputs.h"
+#include "capsule/replay/internal/diagnosis.h"
 
 namespace capsule {
 
@@ -294,6 +294,10 @@ bool SameBits(double a, double b) {
   return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof(double)) == 0;
 }
 
+}  // namespace
+
+namespace internal {
+
 // The captured value of the quantity the trigger watched, and whether the replayed run fires it.
 void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayReport& report) {
   const v1::Trigger& t = c.trigger();
@@ -354,6 +358,10 @@ void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayRepor
   report.set_fidelity_detail(detail);
 }
 
+}  // namespace internal
+
+namespace {
+
 bool ReferenceShowsAnomaly(const v1::Capsule& c, const ReferenceRun& ref) {
   const v1::Trigger& t = c.trigger();
   switch (t.kind()) {
@@ -367,74 +375,6 @@ bool ReferenceShowsAnomaly(const v1::Capsule& c, const ReferenceRun& ref) {
     default:
       return ref.anomalous;
   }
-}
-
-void Diagnose(v1::ReplayReport& report) {
-  const v1::LayerComparison* first = nullptr;
-  for (const auto& l : report.layers()) {
-    if (l.verdict() == v1::DIVERGED && l.phase() == v1::FORWARD) {
-      first = &l;
-      break;
-    }
-  }
-  if (first == nullptr) {
-    // Backward entries run from the last layer down; the first divergent gradient in execution
-    // order is the lowest index.
-    for (const auto& l : report.layers()) {
-      if (l.verdict() == v1::DIVERGED && (first == nullptr || l.index() < first->index())) {
-        first = &l;
-      }
-    }
-  }
-  if (first != nullptr) {
-    report.set_first_divergent_layer(first->name());
-    report.set_first_divergent_phase(first->phase());
-  }
-  std::string text;
-  if (report.fidelity() == v1::NOT_REPRODUCED) {
-    report.set_diagnosis(v1::TRANSIENT);
-    text = "transient: the failure did not reproduce (" + report.fidelity_detail() +
-           "); suspect hardware, a race or a nondeterministic kernel, and rerun elsewhere";
-  } else if (report.reference_anomalous()) {
-    report.set_diagnosis(v1::DATA_OR_MODEL);
-    text =
-        "data or model, not numerics: the FP64 reference path shows the same anomaly (reference "
-        "loss " +
-        FormatSignificant(report.reference_loss(), 3) +
-        "); look at the step's samples, masks, labels "
-        "and learning rate rather than skipping the batch";
-  } else if (first != nullptr) {
-    report.set_diagnosis(v1::NUMERICS);
-    text = "numerics in the optimized path: first divergent layer " + first->name() + " (" +
-           (first->phase() == v1::FORWARD ? "forward" : "backward") + ", " +
-           (first->nonfinite_mismatch() > 0
-                ? std::to_string(first->nonfinite_mismatch()) + " non-finite mismatches"
-                : "max rel err " + FormatSignificant(first->max_rel_err(), 3)) +
-           ")";
-    if (report.has_bisect() && !report.bisect().strategy().empty()) {
-      const auto& b = report.bisect();
-      text +=
-          b.first_bad_layer() == first->name()
-              ? "; " + b.strategy() + " confirms it in " + std::to_string(b.probes()) + " runs"
-              : "; " + b.strategy() + " points at " +
-                    (b.first_bad_layer().empty() ? std::string("no layer") : b.first_bad_layer()) +
-                    " instead (errors may cancel downstream)";
-    }
-  } else if (report.has_bisect() && !report.bisect().first_bad_layer().empty()) {
-    // Layerwise comparison was off or passed, but composite runs still diverge.
-    report.set_diagnosis(v1::NUMERICS);
-    report.set_first_divergent_layer(report.bisect().first_bad_layer());
-    report.set_first_divergent_phase(v1::FORWARD);
-    text = "numerics in the optimized path: " + report.bisect().strategy() +
-           " names first bad layer " + report.bisect().first_bad_layer() + " in " +
-           std::to_string(report.bisect().probes()) + " composite runs";
-  } else {
-    report.set_diagnosis(v1::NO_DIVERGENCE);
-    text =
-        "no divergence: the optimized and reference paths agree within tolerance on every "
-        "compared layer";
-  }
-  report.set_diagnosis_text(text);
 }
 
 }  // namespace
@@ -471,7 +411,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   CAPSULE_RETURN_IF_ERROR(RestoreRng(c));
   {
     CAPSULE_ASSIGN_OR_RETURN(ProbeResult run, ProbeStep(model->Path(trainer_path), batch, {}));
-    JudgeFidelity(c, run, report);
+    internal::JudgeFidelity(c, run, report);
     report.set_optimized_loss(run.loss_value);
   }
 
@@ -504,7 +444,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   }
 
   // 5. Diagnosis.
-  Diagnose(report);
+  internal::Diagnose(report);
   return report;
 }
 

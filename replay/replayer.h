@@ -15,13 +15,14 @@
 //      run; the smallest bad k names the first bad layer in at most ceil(log2 n) + 1 runs;
 //   5. diagnosis: TRANSIENT (not reproduced), DATA_OR_MODEL (reference shows it too), NUMERICS
 //      (optimized path diverges at layer L) or NO_DIVERGENCE.
-// The result is data (capsule.v1.ReplayReport); rendering it is the caller's job.
+// The result is data (capsule.v1.ReplayReport), facts and no sentences; rendering it is the
+// caller's job (report/replay_text.h phrases the diagnosis).
 //
 //   capsule::ReplayOptions options;
 //   options.bisect = capsule::BisectMode::kBisect;
 //   CAPSULE_ASSIGN_OR_RETURN(capsule::v1::ReplayReport r,
 //                            capsule::ReplayCapsule(*decoded.capsule, registry, options));
-//   std::cout << r.diagnosis_text() << "\n";
+//   if (r.diagnosis() == capsule::v1::NUMERICS) std::cout << r.first_divergent_layer() << "\n";
 //
 // Thread safety: one replay at a time per process: it sets LibTorch's global thread count,
 // deterministic flag and default RNG state.

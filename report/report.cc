@@ -15,6 +15,7 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
+#include "capsule/report/replay_text.h"
 
 namespace capsule {
 namespace {
@@ -106,7 +107,8 @@ void FillEnvironment(const v1::Environment& e, const ReportRedaction& redact,
 ReportReplay ReplayModel(const v1::ReplayReport& r) {
   ReportReplay m;
   m.diagnosis = v1::Diagnosis_Name(r.diagnosis());
-  m.diagnosis_text = r.diagnosis_text();
+  // `capsule replay --json` output carries the sentence it printed; a report shows the same one.
+  m.diagnosis_text = r.diagnosis_text().empty() ? DiagnosisSentence(r) : r.diagnosis_text();
   m.fidelity = v1::Fidelity_Name(r.fidelity());
   m.fidelity_detail = r.fidelity_detail();
   m.captured_value = r.captured_value();

@@ -21,6 +21,7 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/proto/report.pb.h"
 #include "capsule/report/diff.h"
+#include "capsule/report/replay_text.h"
 #include "samples/golden/golden_capsules.h"
 
 namespace capsule {
@@ -365,6 +366,21 @@ TEST(ReportJsonTest, NoneIsAnAbsentKey) {
   // Plain fields are there with their defaults.
   EXPECT_NE(json.find("\"threshold\":0"), std::string::npos) << json;
   EXPECT_NE(json.find("\"redacted\":[]"), std::string::npos) << json;
+}
+
+TEST(ReportReplayTest, ShowsTheReplaysSentenceOrPhrasesOneFromTheFacts) {
+  const DecodedCapsule d = Read(kFull);
+  auto replay = FixtureReplay();
+  ReportModel m = BuildReportModel(*d.capsule, d.envelope, replay.get(), {});
+  ASSERT_TRUE(m.replay);
+  EXPECT_EQ(m.replay->diagnosis_text, replay->diagnosis_text());  // what `capsule replay` printed
+  replay->clear_diagnosis_text();  // a ReplayReport straight from the replayer: facts only
+  m = BuildReportModel(*d.capsule, d.envelope, replay.get(), {});
+  ASSERT_TRUE(m.replay);
+  EXPECT_EQ(m.replay->diagnosis_text,
+            "numerics in the optimized path: first divergent layer blocks.0 (forward, 2 "
+            "non-finite mismatches); bisect confirms it in 3 runs");
+  EXPECT_EQ(m.replay->diagnosis_text, DiagnosisSentence(*replay));
 }
 
 TEST(ReplayJsonTest, FirstDivergentLayerIsAbsentWhenNoneAndRoundTrips) {

@@ -1,0 +1,78 @@
+#include "capsule/report/replay_text.h"
+
+#include "capsule/base/strings.h"
+#include "capsule/proto/replay_report.pb.h"
+
+namespace capsule {
+namespace {
+
+constexpr char kNumerics[] = "numerics in the optimized path: ";
+constexpr char kAgree[] =
+    "no divergence: the optimized and reference paths agree within tolerance ";
+
+// The layerwise entry Diagnose chose as the first divergence, or null.
+const v1::LayerComparison* FirstDivergentEntry(const v1::ReplayReport& r) {
+  if (!r.has_first_divergent_layer()) return nullptr;
+  for (const auto& l : r.layers()) {
+    if (l.verdict() == v1::DIVERGED && l.name() == r.first_divergent_layer() &&
+        l.phase() == r.first_divergent_phase()) {
+      return &l;
+    }
+  }
+  return nullptr;
+}
+
+std::string Numerics(const v1::ReplayReport& r) {
+  const std::string& layer = r.first_divergent_layer();
+  if (!r.extract_layer().empty()) {
+    return kNumerics + std::string("layer ") + layer +
+           " diverges from the reference on its reference input (extract)";
+  }
+  const v1::BisectReport& b = r.bisect();
+  const v1::LayerComparison* first = FirstDivergentEntry(r);
+  if (r.first_divergent_source() == v1::BISECT || first == nullptr) {
+    return kNumerics + b.strategy() + " names first bad layer " + layer + " in " +
+           std::to_string(b.probes()) + " composite runs";
+  }
+  std::string text = kNumerics + std::string("first divergent layer ") + layer + " (" +
+                     (first->phase() == v1::FORWARD ? "forward" : "backward") + ", " +
+                     (first->nonfinite_mismatch() > 0
+                          ? std::to_string(first->nonfinite_mismatch()) + " non-finite mismatches"
+                          : "max rel err " + FormatSignificant(first->max_rel_err(), 3)) +
+                     ")";
+  if (r.has_bisect() && !b.strategy().empty()) {
+    text +=
+        b.first_bad_layer() == layer
+            ? "; " + b.strategy() + " confirms it in " + std::to_string(b.probes()) + " runs"
+            : "; " + b.strategy() + " points at " +
+                  (b.first_bad_layer().empty() ? std::string("no layer") : b.first_bad_layer()) +
+                  " instead (errors may cancel downstream)";
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string DiagnosisSentence(const v1::ReplayReport& r) {
+  switch (r.diagnosis()) {
+    case v1::TRANSIENT:
+      return "transient: the failure did not reproduce (" + r.fidelity_detail() +
+             "); suspect hardware, a race or a nondeterministic kernel, and rerun elsewhere";
+    case v1::DATA_OR_MODEL:
+      return "data or model, not numerics: the FP64 reference path shows the same anomaly "
+             "(reference loss " +
+             FormatSignificant(r.reference_loss(), 3) +
+             "); look at the step's samples, masks, labels and learning rate rather than "
+             "skipping the batch";
+    case v1::NUMERICS:
+      return Numerics(r);
+    case v1::NO_DIVERGENCE:
+      return r.extract_layer().empty()
+                 ? kAgree + std::string("on every compared layer")
+                 : kAgree + std::string("on layer ") + r.extract_layer() + " (extract)";
+    default:
+      return "";
+  }
+}
+
+}  // namespace capsule
