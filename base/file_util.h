@@ -2,7 +2,7 @@
 //
 // WriteFileAtomic writes NAME.partial, fsyncs it, renames it over NAME and fsyncs the directory,
 // so a crash or a kill at any point leaves either the old file or the new one under NAME, never a
-// half-written file (proto/FORMAT.md §7). The codecs never touch disk; this is the thin layer on top.
+// half-written file (proto/FORMAT.md §7). Codecs never touch disk; this is the thin layer on top.
 //
 //   CAPSULE_RETURN_IF_ERROR(capsule::WriteFileAtomic("a.capsule", bytes, 0644));
 //   CAPSULE_ASSIGN_OR_RETURN(std::string bytes, capsule::ReadFileBytes("a.capsule", 1 << 30));
