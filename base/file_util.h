@@ -1,8 +1,8 @@
-// Whole-file reads, crash-safe whole-file writes, and directory creation.
+// Whole-file reads and crash-safe whole-file writes.
 //
 // WriteFileAtomic writes NAME.partial, fsyncs it, renames it over NAME and fsyncs the directory,
 // so a crash or a kill at any point leaves either the old file or the new one under NAME, never a
-// half-written file (proto/FORMAT.md §7). The codecs never touch disk; this is the thin layer on top.
+// half-written file (proto/FORMAT.md §7). Codecs never touch disk; this is the thin layer on top.
 //
 //   CAPSULE_RETURN_IF_ERROR(capsule::WriteFileAtomic("a.capsule", bytes, 0644));
 //   CAPSULE_ASSIGN_OR_RETURN(std::string bytes, capsule::ReadFileBytes("a.capsule", 1 << 30));
@@ -28,12 +28,6 @@ struct AtomicWriteOptions {
 };
 Status WriteFileAtomic(const std::string& path, std::string_view bytes,
                        const AtomicWriteOptions& options = {});
-
-// Creates `dir` and any missing parents (mode 0755, less the umask); OK when it exists already.
-// `what` names the directory in messages ("cannot create capsule directory a/b: ..."). The codes
-// of ErrnoError for a component that cannot be created; kFailedPrecondition when `dir` exists and
-// is not a directory.
-Status MakeDirs(const std::string& dir, std::string_view what = "directory");
 
 }  // namespace capsule
 

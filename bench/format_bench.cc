@@ -1,6 +1,7 @@
 // Capsule codec throughput: encode (serialize + zstd + sign) and decode (verify + decompress +
 // parse + validate) of a capsule carrying N MiB of float32 tensor data, as bytes of tensor payload
-// per second. Budget (README, "Performance"): encode >= 300 MB/s, decode >= 1 GB/s at the default level.
+// per second. Budget (README, Performance): encode >= 300 MB/s, decode >= 1 GB/s at the default
+// level.
 //
 //   build/bench/capsule_bench --benchmark_filter=Capsule --benchmark_repetitions=3
 #include <benchmark/benchmark.h>

@@ -1,4 +1,4 @@
-// Health statistics throughput (budget in the README, "Performance"): the fused kernel against the ATen
+// Health statistics throughput (budget: README, Performance): the fused kernel against the ATen
 // composition a user would write, and against t.sum(), on the same float32 tensor.
 //
 //   capsule_bench --benchmark_filter='BM_HealthStats|BM_Sum' --benchmark_repetitions=3

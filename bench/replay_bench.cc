@@ -1,7 +1,7 @@
 // Bisect against a linear scan: wall time of `capsule replay --bisect` and `--bisect=linear` on a
 // tiny_gpt capsule with N layers (N - 4 blocks) and an eps fault in the middle block. Layerwise
-// comparison is off so the two differ only in the search. Budget (README, "Performance"): at N = 32 bisect
-// takes <= 40% of the linear scan.
+// comparison is off so the two differ only in the search. Budget (README, Performance): at N = 32
+// bisect takes <= 40% of the linear scan.
 //   capsule_bench --benchmark_filter='Bisect|LinearScan'
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>

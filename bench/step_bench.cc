@@ -2,7 +2,7 @@
 //   BM_TinyGptStep/unarmed       forward + backward + Adam step of tiny_gpt (4 blocks, batch 8)
 //   BM_TinyGptStep/armed         the same with Monitor::BeginStep/EndStep around it
 //   BM_TinyGptStep/anomaly_mode  the same under torch::autograd::DetectAnomalyGuard
-// Budget (README, "Performance"): armed / unarmed <= 1.01. Read the ratio within one run:
+// Budget (README, Performance): armed / unarmed <= 1.01. Read the ratio within one run:
 //   capsule_bench --benchmark_filter=TinyGptStep --benchmark_repetitions=5
 //                 --benchmark_enable_random_interleaving=true
 #include <ATen/Parallel.h>

@@ -28,10 +28,21 @@ replay_json() {  # replay_json OUT_JSON CAPSULE -> replay's exit status
     --json > "$1" 2> "$1.err")
 }
 
+# json FILE EXPR [ARG] -> EXPR, a Python expression over the JSON `d` in FILE (and `arg`); None
+# prints as null, booleans as true/false, a list one item per line.
+json() {
+  /usr/bin/python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+v = eval(sys.argv[2], {"d": d, "arg": sys.argv[3] if len(sys.argv) > 3 else None})
+for x in (v if isinstance(v, list) else [v]):
+    print("null" if x is None else str(x).lower() if isinstance(x, bool) else x)' "$@"
+}
+
 # The forward entry of LAYER in a report: "max_abs_err max_rel_err verdict".
 layer_entry() {
-  jq -r --arg l "$2" '.layers[] | select(.name == $l and .phase == "FORWARD") |
-    "\(.max_abs_err) \(.max_rel_err) \(.verdict)"' "$1"
+  json "$1" '[" ".join(str(l[k]) for k in ("max_abs_err", "max_rel_err", "verdict"))
+              for l in d["layers"] if l["name"] == arg and l["phase"] == "FORWARD"]' "$2"
 }
 
 check() {  # check NAME CAPSULE LAYER EXPECTED_DIAGNOSIS
@@ -50,21 +61,24 @@ check() {  # check NAME CAPSULE LAYER EXPECTED_DIAGNOSIS
   [ -n "$x_entry" ] && [ "$full_entry" = "$x_entry" ] ||
     bad "$name" "full replay's $layer: '$full_entry', extract's: '$x_entry' ($(cat "$work/$name.x.json.err"))"
   local d
-  d=$(jq -r .diagnosis "$work/$name.x.json")
+  d=$(json "$work/$name.x.json" 'd["diagnosis"]')
   [ "$d" = "$want" ] || bad "$name" "extract diagnosis $d, expected $want"
   if [ "$want" = NUMERICS ]; then
-    [ "$(jq -r .first_divergent_layer "$work/$name.x.json")" = "$layer" ] &&
-      [ "$(jq -r .first_divergent_layer "$work/$name.full.json")" = "$layer" ] &&
-      [ "$(jq -r .diagnosis "$work/$name.full.json")" = NUMERICS ] ||
-      bad "$name" "first divergent layer: full $(jq -r .first_divergent_layer "$work/$name.full.json"), extract $(jq -r .first_divergent_layer "$work/$name.x.json")"
+    local full_layer x_layer
+    full_layer=$(json "$work/$name.full.json" 'd.get("first_divergent_layer")')
+    x_layer=$(json "$work/$name.x.json" 'd.get("first_divergent_layer")')
+    [ "$x_layer" = "$layer" ] && [ "$full_layer" = "$layer" ] &&
+      [ "$(json "$work/$name.full.json" 'd["diagnosis"]')" = NUMERICS ] &&
+      [ "$(json "$work/$name.x.json" 'd["extract_layer"]')" = "$layer" ] ||
+      bad "$name" "first divergent layer: full $full_layer, extract $x_layer"
   fi
   "$capsule" inspect "$x" --pubkey "$work/k.pub" > "$work/$name.inspect" 2>&1 ||
     bad "$name" "inspect of the extract failed"
   # Only the layer's own tensors (and the small batch masks) travel.
   local others
-  others=$("$capsule" inspect "$x" --pubkey "$work/k.pub" --json |
-    jq -r --arg l "$layer" '.tensors[] | select(.layer != $l) | .name' |
-    grep -v -x -e attention_mask -e loss_mask)
+  "$capsule" inspect "$x" --pubkey "$work/k.pub" --json > "$work/$name.x.inspect.json"
+  others=$(json "$work/$name.x.inspect.json" '[t["name"] for t in d["tensors"]
+    if t.get("layer") != arg and t["name"] not in ("attention_mask", "loss_mask")]' "$layer")
   [ -z "$others" ] || bad "$name" "extract holds tensors of other layers: $others"
   # One block holds 11.5% (1/8.7) of this model's parameters, so 10x is out of reach for a lossless
   # extract of a block; what remains beside them is the FP64 reference input and, for the first
@@ -74,7 +88,7 @@ check() {  # check NAME CAPSULE LAYER EXPECTED_DIAGNOSIS
   x_size=$(stat -c %s "$x")
   [ $((x_size * 7)) -le $((full_size * 2)) ] ||
     bad "$name" "extract $x_size bytes, full $full_size: not 3.5x smaller"
-  echo "ok: $name $layer: $d, errors '$x_entry', full $full_size bytes, extract $x_size bytes, fidelity $(jq -r .fidelity "$work/$name.x.json")"
+  echo "ok: $name $layer: $d, errors '$x_entry', full $full_size bytes, extract $x_size bytes, fidelity $(json "$work/$name.x.json" 'd["fidelity"]')"
 }
 
 check_fault() {  # check_fault KIND CAPTURE_ARGS...

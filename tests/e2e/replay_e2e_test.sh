@@ -33,7 +33,15 @@ replay_json() {
     --json "$@" > "$work/$name.json" 2> "$work/$name.err")
 }
 
-field() { grep -o "\"$2\":[^,}]*" "$work/$1.json" | head -n 1 | cut -d: -f2- | tr -d '"'; }
+# field NAME EXPR -> EXPR, a Python expression over the replay report `d` in $work/NAME.json
+# (e.g. 'd["bisect"]["probes"]'); None prints as null, booleans as true/false.
+field() {
+  /usr/bin/python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+v = eval(sys.argv[2], {"d": d})
+print("null" if v is None else str(v).lower() if isinstance(v, bool) else v)' "$work/$1.json" "$2"
+}
 
 check_fault() {  # check_fault KIND LAYERS LAYER CAPTURE_ARGS...
   local kind=$1 layers=$2 layer=$3
@@ -43,23 +51,22 @@ check_fault() {  # check_fault KIND LAYERS LAYER CAPTURE_ARGS...
   cap=$(record "$name" --layers "$layers" --inject "$kind" --inject-layer "$layer" "$@")
   [ -n "$cap" ] || { bad "$name" "no capsule written"; return; }
   local n=$((layers + 4)) bound
-  bound=$(python3 -c "import math;print(math.ceil(math.log2($n))+1)" 2>/dev/null ||
-          awk "BEGIN{b=0; while (2^b < $n) b++; print b+1}")
+  bound=$(/usr/bin/python3 -c "import math; print(math.ceil(math.log2($n)) + 1)")
   for strategy in bisect linear; do
     replay_json "$name.$strategy" "$cap" --bisect="$strategy"
     local rc=$?
     [ $rc -eq 1 ] || bad "$name.$strategy" "exit $rc, expected 1 ($(cat "$work/$name.$strategy.err"))"
-    [ "$(field "$name.$strategy" diagnosis)" = NUMERICS ] ||
-      bad "$name.$strategy" "diagnosis $(field "$name.$strategy" diagnosis)"
-    [ "$(field "$name.$strategy" first_divergent_layer)" = "$layer" ] ||
-      bad "$name.$strategy" "first divergent layer $(field "$name.$strategy" first_divergent_layer)"
-    [ "$(field "$name.$strategy" first_bad_layer)" = "$layer" ] ||
-      bad "$name.$strategy" "bisect first bad layer $(field "$name.$strategy" first_bad_layer)"
+    [ "$(field "$name.$strategy" 'd["diagnosis"]')" = NUMERICS ] ||
+      bad "$name.$strategy" "diagnosis $(field "$name.$strategy" 'd["diagnosis"]')"
+    [ "$(field "$name.$strategy" 'd.get("first_divergent_layer")')" = "$layer" ] ||
+      bad "$name.$strategy" "first divergent layer $(field "$name.$strategy" 'd.get("first_divergent_layer")')"
+    [ "$(field "$name.$strategy" 'd["bisect"]["first_bad_layer"]')" = "$layer" ] ||
+      bad "$name.$strategy" "bisect first bad layer $(field "$name.$strategy" 'd["bisect"]["first_bad_layer"]')"
   done
   local probes
-  probes=$(field "$name.bisect" probes)
+  probes=$(field "$name.bisect" 'd["bisect"]["probes"]')
   [ -n "$probes" ] && [ "$probes" -le "$bound" ] || bad "$name" "bisect made $probes probes > $bound"
-  [ "$(field "$name.linear" monotonic)" = true ] || bad "$name" "linear scan not monotonic"
+  [ "$(field "$name.linear" 'd["bisect"]["monotonic"]')" = true ] || bad "$name" "linear scan not monotonic"
   echo "ok: $kind at $layer of a $layers-block model: NUMERICS, bisect $probes probes (bound $bound)"
 }
 
@@ -74,26 +81,26 @@ done
 cap=$(record bad-data --steps 42 --inject bad-data --inject-step 40)
 replay_json bad-data "$cap" --bisect
 rc=$?
-[ $rc -eq 1 ] && [ "$(field bad-data diagnosis)" = DATA_OR_MODEL ] ||
-  bad bad-data "exit $rc, diagnosis $(field bad-data diagnosis)"
-echo "ok: bad-data -> $(field bad-data diagnosis)"
+[ $rc -eq 1 ] && [ "$(field bad-data 'd["diagnosis"]')" = DATA_OR_MODEL ] ||
+  bad bad-data "exit $rc, diagnosis $(field bad-data 'd["diagnosis"]')"
+echo "ok: bad-data -> $(field bad-data 'd["diagnosis"]')"
 
 cap=$(record transient --steps 5 --inject transient --inject-layer blocks.2 --inject-step 3)
 replay_json transient "$cap"
 rc=$?
-[ $rc -eq 1 ] && [ "$(field transient fidelity)" = NOT_REPRODUCED ] &&
-  [ "$(field transient diagnosis)" = TRANSIENT ] ||
-  bad transient "exit $rc, fidelity $(field transient fidelity), diagnosis $(field transient diagnosis)"
-echo "ok: transient -> $(field transient fidelity) -> $(field transient diagnosis)"
+[ $rc -eq 1 ] && [ "$(field transient 'd["fidelity"]')" = NOT_REPRODUCED ] &&
+  [ "$(field transient 'd["diagnosis"]')" = TRANSIENT ] ||
+  bad transient "exit $rc, fidelity $(field transient 'd["fidelity"]'), diagnosis $(field transient 'd["diagnosis"]')"
+echo "ok: transient -> $(field transient 'd["fidelity"]') -> $(field transient 'd["diagnosis"]')"
 
 clean=$(record clean --steps 5 --capture-at-step 3)
 replay_json clean "$clean" --phase both --bisect
 rc=$?
-[ $rc -eq 0 ] && [ "$(field clean diagnosis)" = NO_DIVERGENCE ] &&
-  [ "$(field clean fidelity)" = REPRODUCED_EXACT ] &&
-  [ -z "$(field clean first_divergent_layer)" ] &&
-  grep -q '"phase":"BACKWARD"' "$work/clean.json" ||
-  bad clean "exit $rc, diagnosis $(field clean diagnosis), fidelity $(field clean fidelity)"
+[ $rc -eq 0 ] && [ "$(field clean 'd["diagnosis"]')" = NO_DIVERGENCE ] &&
+  [ "$(field clean 'd["fidelity"]')" = REPRODUCED_EXACT ] &&
+  [ "$(field clean 'd.get("first_divergent_layer")')" = null ] &&
+  [ "$(field clean 'any(l["phase"] == "BACKWARD" for l in d["layers"])')" = true ] ||
+  bad clean "exit $rc, diagnosis $(field clean 'd["diagnosis"]'), fidelity $(field clean 'd["fidelity"]')"
 echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, exit 0"
 
 # Refusals: exit 2 and a message naming the cause.

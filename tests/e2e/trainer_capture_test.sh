@@ -10,15 +10,26 @@ trap 'rm -rf "$work"' EXIT
 "$capsule" keygen --out "$work/k" >/dev/null
 fail=0
 
-expect() {  # expect NAME JSON_FILE PATTERN...
+# expect NAME JSON_FILE CHECK...: each CHECK is a Python expression over the parsed
+# `capsule inspect --json` output `d` that must be true.
+expect() {
   local name=$1 json=$2
   shift 2
-  for p in "$@"; do
-    if ! grep -q -- "$p" "$json"; then
-      echo "FAIL [$name]: inspect --json lacks $p"
-      fail=1
-    fi
-  done
+  local failed
+  failed=$(/usr/bin/python3 -c '
+import json, re, sys
+d = json.load(open(sys.argv[1]))
+for check in sys.argv[2:]:
+    try:
+        ok = eval(check, {"d": d, "re": re})
+    except (KeyError, IndexError, TypeError) as e:
+        ok = False
+    if not ok:
+        print(check)' "$json" "$@") || failed="cannot parse $json"
+  if [ -n "$failed" ]; then
+    while IFS= read -r check; do echo "FAIL [$name]: inspect --json: not $check"; done <<< "$failed"
+    fail=1
+  fi
 }
 
 run_case() {  # run_case NAME STEPS TRIGGER_FILE_SUFFIX TRAINER_ARGS...
@@ -41,35 +52,43 @@ run_case() {  # run_case NAME STEPS TRIGGER_FILE_SUFFIX TRAINER_ARGS...
     { echo "FAIL [$name]: capsule verify refused it"; fail=1; }
   "$capsule" inspect "${files[0]}" --pubkey "$work/k.pub" --json > "$work/$name.json"
   # Present in every capsule: batch tokens, RNG blobs, cursor, identity, stats, environment.
-  expect "$name" "$work/$name.json" '"token_ids":\[' '"generators":\[' '"name":"torch.cpu"' \
-    '"name":"sampler"' '"cursor":{' '"sample_indices":\[' '"model_sha256":"[0-9a-f]\{64\}"' \
-    '"role":"tokenizer"' '"torch_version":"' '"intra_op_threads":' '"phase":"FORWARD"' \
-    '"name":"lm_head","phase":"FORWARD"' '"registry_name":"tiny_gpt"'
+  expect "$name" "$work/$name.json" \
+    'all(s["token_ids"] for s in d["data"]["sequences"])' \
+    '{"torch.cpu", "sampler"} <= {g["name"] for g in d["rng"]["generators"]}' \
+    'd["data"]["cursor"]["sample_indices"]' \
+    're.fullmatch("[0-9a-f]{64}", d["identity"]["model_sha256"])' \
+    'any(f["role"] == "tokenizer" for f in d["identity"]["files"])' \
+    'd["environment"]["torch_version"]' 'd["environment"]["intra_op_threads"] > 0' \
+    'any(l["name"] == "lm_head" and l["phase"] == "FORWARD" for l in d["numerics"]["layers"])' \
+    'd["model"]["registry_name"] == "tiny_gpt"'
   echo "ok: $name -> $(basename "${files[0]}")"
 }
 
 run_case nan 8 -step5-rank0-non-finite-loss.capsule \
   --inject nan --inject-layer blocks.2 --inject-step 5
-expect nan "$work/nan.json" '"kind":"NON_FINITE_LOSS"' '"first_anomalous_layer":"blocks.2"' \
-  '"capture_rerun":"RERUN_REPRODUCED"'
+expect nan "$work/nan.json" 'd["trigger"]["kind"] == "NON_FINITE_LOSS"' \
+  'd["numerics"]["first_anomalous_layer"] == "blocks.2"' \
+  'd["trigger"]["capture_rerun"] == "RERUN_REPRODUCED"'
 
 run_case softmax-overflow 8 -step5-rank0-non-finite-loss.capsule \
   --inject softmax-overflow --inject-layer blocks.1 --inject-step 5
-expect softmax-overflow "$work/softmax-overflow.json" '"kind":"NON_FINITE_LOSS"' \
-  '"first_anomalous_layer":"blocks.1"' '"capture_rerun":"RERUN_REPRODUCED"'
+expect softmax-overflow "$work/softmax-overflow.json" 'd["trigger"]["kind"] == "NON_FINITE_LOSS"' \
+  'd["numerics"]["first_anomalous_layer"] == "blocks.1"' \
+  'd["trigger"]["capture_rerun"] == "RERUN_REPRODUCED"'
 
 run_case bad-data 32 -step30-rank0-loss-spike.capsule --inject bad-data --inject-step 30
-expect bad-data "$work/bad-data.json" '"kind":"LOSS_SPIKE"' '"capture_rerun":"RERUN_REPRODUCED"'
+expect bad-data "$work/bad-data.json" 'd["trigger"]["kind"] == "LOSS_SPIKE"' \
+  'd["trigger"]["capture_rerun"] == "RERUN_REPRODUCED"'
 
 run_case transient 8 -step5-rank0-non-finite-loss.capsule \
   --inject transient --inject-layer blocks.2 --inject-step 5
-expect transient "$work/transient.json" '"kind":"NON_FINITE_LOSS"' \
-  '"capture_rerun":"RERUN_NOT_REPRODUCED"'
+expect transient "$work/transient.json" 'd["trigger"]["kind"] == "NON_FINITE_LOSS"' \
+  'd["trigger"]["capture_rerun"] == "RERUN_NOT_REPRODUCED"'
 
 # A finite fault is invisible to the triggers: --capture-at-step takes the capsule by hand.
 run_case eps 8 -step6-rank0-manual.capsule --inject eps --inject-layer blocks.1 --inject-step 0 \
   --capture-at-step 6
-expect eps "$work/eps.json" '"kind":"MANUAL"'
+expect eps "$work/eps.json" 'd["trigger"]["kind"] == "MANUAL"'
 
 # A clean run writes nothing.
 "$trainer" train --steps 50 --quiet --capsule-dir "$work/clean" --key "$work/k.key" > "$work/clean.log" 2>&1
