@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian (bookworm) package capsule needs to build, test, fuzz and benchmark.
-# Idempotent: a no-op when everything is present; runs `apt-get update` at most once.
+# Idempotent: a no-op when everything is present; runs `apt-get update` at most once. Waits for the
+# dpkg lock when another apt-get holds it.
 set -euo pipefail
 
 packages=(
@@ -15,6 +16,10 @@ packages=(
   clang-14 libclang-rt-14-dev                # libFuzzer, ASan, UBSan
   coreutils                                  # od, dd, head: the stock-tools interop test
   chromium                                   # headless render of the HTML report (the test skips without it)
+  clang-format                               # scripts/ci-format.sh (clang-format 14)
+  python3-torch python3-numpy                # PyTorch 1.13 (CPU, the same release as libtorch-dev), NumPy
+  pybind11-dev python3-pytest                # C++ bindings for Python, and pytest
+  libgloo-dev                                # Gloo: CPU collectives for multi-process runs
 )
 
 missing=()
@@ -33,5 +38,6 @@ echo "setup-deps: installing ${missing[*]}"
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+lock=(-o DPkg::Lock::Timeout=600)
+$sudo apt-get "${lock[@]}" update -qq
+$sudo apt-get "${lock[@]}" install -y -qq --no-install-recommends "${missing[@]}"
