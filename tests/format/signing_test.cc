@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -203,7 +204,9 @@ TEST_F(KeyFileTest, SavePrivateKeyFileIsMode0600AndLoads) {
   ::umask(old_umask);
   ASSERT_TRUE(saved.ok()) << saved;
   EXPECT_EQ(ModeOf(path), 0600u);
-  EXPECT_EQ(::access((path + ".partial").c_str(), F_OK), -1);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_.path()),
+                          std::filesystem::directory_iterator()),
+            1);  // the key and nothing else: no temporary file left behind
   StatusOr<PrivateKey> loaded = LoadPrivateKeyFile(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->raw(), kp.private_key.raw());
