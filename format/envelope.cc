@@ -100,7 +100,9 @@ Status Truncated(uint64_t have, uint64_t need) {
 
 StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& options) {
   const uint64_t size = file.size();
-  // 1. Magic. A prefix of the magic (an empty file included) is a capsule cut short.
+  // 1. Magic. An empty file holds nothing to judge (a failed download, a touched name); a
+  // non-empty prefix of the magic is a capsule cut short.
+  if (size == 0) return InvalidArgumentError("empty file (0 bytes): not a capsule");
   if (size < kMagicSize) {
     if (file == kMagic.substr(0, size)) return Truncated(size, kMinCapsuleSize);
     return InvalidArgumentError("not a capsule (bad magic number)");

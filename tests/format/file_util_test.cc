@@ -421,6 +421,28 @@ TEST_F(CapsuleFileTest, FileSizeCap) {
   EXPECT_TRUE(ReadCapsuleFile(path, o).ok());
 }
 
+TEST_F(CapsuleFileTest, NonRegularInputsAreInvalidArgumentWithoutBlocking) {
+  const std::string fifo = dir_.path() + "/in.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {dir_.path(), fifo, std::string("/dev/null")}) {
+    auto read = std::async(std::launch::async, [&] { return ReadCapsuleFile(path, Strict()); });
+    if (read.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (w >= 0) ::close(w);
+      FAIL() << "reading " << path << " blocked";
+    }
+    EXPECT_TRUE(
+        HasError(read.get(), StatusCode::kInvalidArgument, path + " is not a regular file"));
+  }
+}
+
+TEST_F(CapsuleFileTest, EmptyFileIsNotACapsule) {
+  const std::string path = dir_.path() + "/empty.capsule";
+  std::ofstream(path).close();
+  EXPECT_TRUE(HasError(ReadCapsuleFile(path, Strict()), StatusCode::kInvalidArgument,
+                       path + ": empty file (0 bytes): not a capsule"));
+}
+
 TEST(CapsuleFileNameTest, Formatting) {
   EXPECT_EQ(CapsuleFileName("tiny", 42, 3, "NON_FINITE_LOSS"),
             "tiny-step42-rank3-non-finite-loss.capsule");
