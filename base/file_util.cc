@@ -1,11 +1,14 @@
 #include "capsule/base/file_util.h"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_NOREPLACE
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
+#include <mutex>
 
 namespace capsule {
 namespace {
@@ -15,6 +18,26 @@ std::string DirName(const std::string& path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// "a fifo", "a directory", ...: what st_mode says a non-regular file is.
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a fifo";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a plain file";
+}
+
+Status NotRegular(const std::string& path, mode_t mode) {
+  return InvalidArgumentError(path + " is not a regular file (" + KindOf(mode) + ")");
 }
 
 class Fd {
@@ -36,22 +59,99 @@ class Fd {
   int fd_;
 };
 
+// A file over RLIMIT_FSIZE raises SIGXFSZ, which would kill the trainer; we want EFBIG instead.
+// The disposition is process-wide, so concurrent writers share one swap: the first one in sets
+// SIG_IGN, the last one out puts back what was there (two plain swaps could interleave and leave
+// SIG_IGN behind for good).
+class IgnoreSigxfsz {
+ public:
+  IgnoreSigxfsz() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (users_++ > 0) return;
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    swapped_ = ::sigaction(SIGXFSZ, &ignore, &old_) == 0;
+  }
+  ~IgnoreSigxfsz() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--users_ > 0) return;
+    if (swapped_) ::sigaction(SIGXFSZ, &old_, nullptr);
+    swapped_ = false;
+  }
+  IgnoreSigxfsz(const IgnoreSigxfsz&) = delete;
+  IgnoreSigxfsz& operator=(const IgnoreSigxfsz&) = delete;
+
+ private:
+  static inline std::mutex mu_;
+  static inline int users_ = 0;
+  static inline struct sigaction old_ {};
+  static inline bool swapped_ = false;
+};
+
+// What may stand at `path` before a write: nothing, or (with overwrite) a regular file.
+Status CheckTarget(const std::string& path, bool overwrite) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return ErrnoError(errno, "cannot stat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgumentError(path + " is " + KindOf(st.st_mode) +
+                                ", not a regular file; not replacing it");
+  }
+  if (!overwrite) {
+    return Status(StatusCode::kAlreadyExists, path + " already exists; not overwriting it");
+  }
+  return Status::Ok();
+}
+
+// Moves `temp` to `path` only if nothing is at `path`, atomically: renameat2(RENAME_NOREPLACE)
+// where the file system has it, link() + unlink() where it does not.
+Status MoveExclusive(const std::string& temp, const std::string& path) {
+  if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) {
+    return Status::Ok();
+  }
+  int err = errno;
+  if (err == EINVAL || err == ENOSYS || err == ENOTSUP) {
+    if (::link(temp.c_str(), path.c_str()) == 0) {
+      ::unlink(temp.c_str());
+      return Status::Ok();
+    }
+    err = errno;
+  }
+  if (err == EEXIST) {
+    return Status(StatusCode::kAlreadyExists, path + " already exists; not overwriting it");
+  }
+  return ErrnoError(err, "cannot rename to", path);
+}
+
 }  // namespace
 
-StatusOr<std::string> ReadFileBytes(const std::string& path, uint64_t max_bytes) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+StatusOr<RegularFile> ReadRegularFile(const std::string& path, uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO without a writer, or a terminal line, would otherwise block here,
+  // before fstat can tell us it is not a file.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
   if (fd.get() < 0) return ErrnoError(errno, "cannot open", path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, "cannot stat", path);
-  if (!S_ISREG(st.st_mode)) return InvalidArgumentError(path + " is not a regular file");
+  if (!S_ISREG(st.st_mode)) return NotRegular(path, st.st_mode);
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     return ResourceExhaustedError(path + " is " + std::to_string(st.st_size) +
                                   " bytes, over the limit of " + std::to_string(max_bytes));
   }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoError(errno, "cannot read", path);
+  }
+  RegularFile out;
+  out.mode = static_cast<unsigned>(st.st_mode & 07777);
+  out.device = static_cast<uint64_t>(st.st_dev);
+  out.inode = static_cast<uint64_t>(st.st_ino);
+  out.bytes.assign(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::read(fd.get(), out.data() + done, out.size() - done);
+  while (done < out.bytes.size()) {
+    const ssize_t n = ::read(fd.get(), out.bytes.data() + done, out.bytes.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoError(errno, "cannot read", path);
@@ -59,66 +159,77 @@ StatusOr<std::string> ReadFileBytes(const std::string& path, uint64_t max_bytes)
     if (n == 0) break;  // shrank under us: return what is there; the decoder rejects it
     done += static_cast<size_t>(n);
   }
-  out.resize(done);
+  out.bytes.resize(done);
   return out;
+}
+
+StatusOr<std::string> ReadFileBytes(const std::string& path, uint64_t max_bytes) {
+  CAPSULE_ASSIGN_OR_RETURN(RegularFile file, ReadRegularFile(path, max_bytes));
+  return std::move(file.bytes);
+}
+
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  if (::stat(a.c_str(), &sa) != 0 || ::stat(b.c_str(), &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 Status WriteFileAtomic(const std::string& path, std::string_view bytes,
                        const AtomicWriteOptions& options) {
-  if (!options.overwrite && ::access(path.c_str(), F_OK) == 0) {
-    return Status(StatusCode::kAlreadyExists, path + " already exists; not overwriting it");
+  const std::string base = BaseName(path);
+  if (base.empty() || base == "." || base == "..") {
+    return InvalidArgumentError(path + " is not a file name");
   }
-  const std::string partial = path + ".partial";
-  // A file over RLIMIT_FSIZE raises SIGXFSZ, which would kill the trainer; we want EFBIG instead.
-  struct sigaction ignore {
-  }, old{};
-  ignore.sa_handler = SIG_IGN;
-  sigemptyset(&ignore.sa_mask);
-  const bool swapped = ::sigaction(SIGXFSZ, &ignore, &old) == 0;
-  auto restore = [&] {
-    if (swapped) ::sigaction(SIGXFSZ, &old, nullptr);
-  };
+  // Checked first so that a refusal costs nothing; the move below decides again, atomically.
+  CAPSULE_RETURN_IF_ERROR(CheckTarget(path, options.overwrite));
 
-  Fd fd(::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.mode));
-  if (fd.get() < 0) {
-    restore();
-    return ErrnoError(errno, "cannot create", partial);
-  }
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    ::close(fd.Release());
-    ::unlink(partial.c_str());
-    restore();
-    return ErrnoError(err, what, partial);
+  // A unique name in the target's directory (same file system, so the move is a rename). Hidden,
+  // and never a name any other writer uses: two writers never share a temporary file, and a
+  // leftover from a killed writer is never mistaken for, nor moved to, NAME.
+  const std::string dir = DirName(path);
+  std::string temp = (dir == "/" ? "/" : dir + "/") + "." + base.substr(0, 200) + ".XXXXXX";
+  IgnoreSigxfsz sigxfsz;
+  Fd fd(::mkostemp(temp.data(), O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoError(errno, "cannot create", path);
+  auto fail = [&](int err, const char* what) {
+    if (fd.get() >= 0) ::close(fd.Release());
+    ::unlink(temp.c_str());
+    return ErrnoError(err, what, path);
   };
-  // open() applies the umask; the requested mode is a promise (0600 for keys).
-  if (::fchmod(fd.get(), options.mode) != 0) return fail("cannot chmod");
+  // mkostemp creates mode 0600 whatever the umask; the requested mode is a promise either way.
+  if (::fchmod(fd.get(), options.mode) != 0) return fail(errno, "cannot chmod");
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return fail("cannot write");
+      return fail(errno, "cannot write");
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd.get()) != 0) return fail("cannot fsync");
-  if (::close(fd.Release()) != 0) {
-    const int err = errno;
-    ::unlink(partial.c_str());
-    restore();
-    return ErrnoError(err, "cannot close", partial);
+  if (::fsync(fd.get()) != 0) return fail(errno, "cannot fsync");
+  if (::close(fd.Release()) != 0) return fail(errno, "cannot close");
+
+  if (options.overwrite) {
+    // Between the check above and here a special file may have appeared; look once more.
+    Status target = CheckTarget(path, /*overwrite=*/true);
+    if (!target.ok()) {
+      ::unlink(temp.c_str());
+      return target;
+    }
+    if (::rename(temp.c_str(), path.c_str()) != 0) return fail(errno, "cannot rename to");
+  } else {
+    Status moved = MoveExclusive(temp, path);
+    if (!moved.ok()) {
+      ::unlink(temp.c_str());
+      return moved;
+    }
   }
-  restore();
-  if (::rename(partial.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(partial.c_str());
-    return ErrnoError(err, "cannot rename to", path);
-  }
-  // The rename is durable only once the directory entry is.
-  const std::string dir = DirName(path);
+  // The move is durable only once the directory entry is.
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0) ::fsync(dfd.get());
+  if (dfd.get() >= 0 && ::fsync(dfd.get()) != 0 && errno != EINVAL) {
+    return ErrnoError(errno, "cannot fsync the directory of", path);
+  }
   return Status::Ok();
 }
 

@@ -1,13 +1,22 @@
-// Whole-file reads and crash-safe whole-file writes.
+// Whole-file reads and crash-safe whole-file writes: the one output-file policy of capsule.
 //
-// WriteFileAtomic writes NAME.partial, fsyncs it, renames it over NAME and fsyncs the directory,
-// so a crash or a kill at any point leaves either the old file or the new one under NAME, never a
-// half-written file (proto/FORMAT.md §7). Codecs never touch disk; this is the thin layer on top.
+// ReadFileBytes opens without blocking (a FIFO or a terminal never hangs the reader) and refuses
+// anything that is not a regular file. WriteFileAtomic writes a uniquely named temporary file in
+// the target's directory, fsyncs it, moves it to NAME and fsyncs the directory, so a crash or a
+// kill at any point leaves either the old file or the new one under NAME, never a half-written one
+// (proto/FORMAT.md §7). It never replaces anything but a regular file, and replaces that only when
+// asked to; without `overwrite` the final step is exclusive (no other writer can slip in between
+// the check and the move). The codecs never touch disk; this is the thin layer on top.
 //
-//   CAPSULE_RETURN_IF_ERROR(capsule::WriteFileAtomic("a.capsule", bytes, 0644));
+//   CAPSULE_RETURN_IF_ERROR(capsule::WriteFileAtomic("a.capsule", bytes));   // new file only
+//   capsule::AtomicWriteOptions replace;
+//   replace.overwrite = true;
+//   CAPSULE_RETURN_IF_ERROR(capsule::WriteFileAtomic("report.md", text, replace));
+//   if (capsule::SameFile(in, out)) return InvalidArgumentError("output is the input");
 //   CAPSULE_ASSIGN_OR_RETURN(std::string bytes, capsule::ReadFileBytes("a.capsule", 1 << 30));
 //
-// Thread safety: thread-safe; concurrent writers of the same NAME race for the final rename.
+// Thread safety: thread-safe. Concurrent writers of one NAME each write their own temporary file;
+// with `overwrite` the last move wins, without it exactly one succeeds.
 #ifndef CAPSULE_BASE_FILE_UTIL_H_
 #define CAPSULE_BASE_FILE_UTIL_H_
 
@@ -19,15 +28,46 @@
 
 namespace capsule {
 
-// kNotFound when missing, kResourceExhausted when larger than `max_bytes`.
+// A regular file's bytes and the facts about it that callers decide on.
+struct RegularFile {
+  std::string bytes;
+  unsigned mode = 0;  // permission bits (st_mode & 07777)
+  uint64_t device = 0;
+  uint64_t inode = 0;
+};
+
+// Opens `path` with O_NONBLOCK (cleared once it is known to be a regular file) and reads it whole.
+// kNotFound when missing; kInvalidArgument "PATH is not a regular file (a fifo)" for a directory,
+// FIFO, socket or device, without blocking; kResourceExhausted when larger than `max_bytes`.
+StatusOr<RegularFile> ReadRegularFile(const std::string& path, uint64_t max_bytes);
+// ReadRegularFile(path, max_bytes).bytes.
 StatusOr<std::string> ReadFileBytes(const std::string& path, uint64_t max_bytes);
 
+// True when `a` and `b` both exist and are the same file (same device and inode, following
+// symbolic links): how a command detects that its output would overwrite its own input.
+bool SameFile(const std::string& a, const std::string& b);
+
 struct AtomicWriteOptions {
+  // Permission bits of the new file, applied whatever the umask (0600 for private keys).
   unsigned mode = 0644;
-  bool overwrite = true;  // false: kAlreadyExists when NAME exists
+  // false (the default): kAlreadyExists when NAME exists, decided atomically at the final move.
+  // true: an existing regular file NAME is replaced. Anything else at NAME (a directory, FIFO,
+  // device, socket or symbolic link) is refused either way (kInvalidArgument), never replaced.
+  bool overwrite = false;
 };
+
+// Errors: kAlreadyExists (see `overwrite`), kInvalidArgument (NAME is not a regular file),
+// kNotFound (no such directory), kPermissionDenied, kResourceExhausted (disk full, file size
+// limit; SIGXFSZ is held off while writing), kInternal otherwise. On any error nothing is left
+// under NAME that was not there before, and the temporary file is removed.
 Status WriteFileAtomic(const std::string& path, std::string_view bytes,
                        const AtomicWriteOptions& options = {});
+
+// Creates `dir` and any missing parents (mode 0755, less the umask); OK when it exists already.
+// `what` names the directory in messages ("cannot create capsule directory a/b: ..."). The codes
+// of ErrnoError for a component that cannot be created; kFailedPrecondition when `dir` exists and
+// is not a directory.
+Status MakeDirs(const std::string& dir, std::string_view what = "directory");
 
 }  // namespace capsule
 

@@ -17,23 +17,24 @@ void SetupKeygenCommand(CLI::App& app, RunFn* run) {
 }
 
 int RunKeygenCommand(const KeygenOptions& options) {
+  // The prefix is checked before a key is generated: "" and "dir/" would write hidden files.
+  if (auto paths = KeyFilePathsFor(options.out_prefix); !paths.ok()) {
+    PrintError(paths.status().WithContext("--out"));
+    return kExitError;
+  }
   auto pair = GenerateKeyPair();
   if (!pair.ok()) {
     PrintError(pair.status());
     return kExitError;
   }
-  const std::string key_path = options.out_prefix + ".key";
-  const std::string pub_path = options.out_prefix + ".pub";
-  Status s = SavePrivateKeyFile(pair->private_key, key_path);
-  if (s.ok()) {
-    s = SavePublicKeyFile(pair->public_key, pub_path);
-    if (!s.ok()) std::remove(key_path.c_str());  // never leave half a pair
-  }
-  if (!s.ok()) {
-    PrintError(s);
+  // Exclusive: an existing key is never replaced, and the pair is written whole or not at all.
+  auto written = SaveKeyPairFiles(*pair, options.out_prefix);
+  if (!written.ok()) {
+    PrintError(written.status());
     return kExitError;
   }
-  std::cout << "wrote " << key_path << " (private, mode 0600) and " << pub_path << "\n"
+  std::cout << "wrote " << written->private_key << " (private, mode 0600) and "
+            << written->public_key << "\n"
             << "key id " << pair->public_key.KeyIdHex() << "\n";
   return kExitOk;
 }

@@ -65,7 +65,9 @@ StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptio
 Status WriteCapsuleFile(const std::string& path, const v1::Capsule& capsule,
                         const WriteOptions& options) {
   CAPSULE_ASSIGN_OR_RETURN(std::string bytes, EncodeCapsule(capsule, options));
-  return WriteFileAtomic(path, bytes);
+  AtomicWriteOptions file;
+  file.overwrite = options.overwrite;
+  return WriteFileAtomic(path, bytes, file);
 }
 
 std::string CapsuleFileName(const std::string& run, int64_t step, int rank,

@@ -38,11 +38,16 @@ struct WriteOptions {
   uint32_t optional_flags = 0;
   // Refuse to encode a message that fails ValidateCapsule (kInvalidArgument).
   bool validate = true;
+  // WriteCapsuleFile only: replace an existing regular file at PATH. Off by default, so a capsule
+  // is never lost to a later one of the same name (kAlreadyExists instead); a target that is not
+  // a regular file is refused either way (base/file_util.h).
+  bool overwrite = false;
 };
 
 StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptions& options);
 
-// Encodes, then writes PATH.partial, fsyncs, renames over PATH and fsyncs the directory.
+// Encodes, then writes a temporary file next to PATH, fsyncs it, moves it to PATH and fsyncs the
+// directory (WriteFileAtomic): a crash never leaves a partial capsule under PATH.
 Status WriteCapsuleFile(const std::string& path, const v1::Capsule& capsule,
                         const WriteOptions& options);
 

@@ -96,11 +96,39 @@ Status Truncated(uint64_t have, uint64_t need) {
                          std::to_string(need) + "; the copy is incomplete, fetch it again");
 }
 
+// Whether `file` holds a complete 1.x layout whose digest matches, read without trusting the
+// version or flags. A version or required flag this reader refuses may be genuine (a newer
+// writer) or a byte changed in place; only in the second case does the 1.x digest fail, and the
+// message should then say that the file may be damaged rather than only "upgrade".
+bool ChecksAsV1(std::string_view file) {
+  const uint64_t size = file.size();
+  if (size < kMinCapsuleSize || file.substr(0, kMagicSize) != kMagic) return false;
+  const uint64_t header_size = LoadLe32(&file[kOffHeaderSize]);
+  const uint64_t payload_size = LoadLe64(&file[kOffPayloadSize]);
+  if (header_size < kHeaderSizeV1 || header_size > kMaxHeaderSize || payload_size > size) {
+    return false;
+  }
+  const uint64_t trailer_at = header_size + payload_size;
+  if (size < trailer_at + kTrailerFixedSize) return false;
+  const uint16_t sig_size = LoadLe16(&file[trailer_at + 2]);
+  if (size != trailer_at + kTrailerFixedSize + sig_size) return false;
+  const std::string_view digest = file.substr(trailer_at + 8 + kSha256Size, kSha256Size);
+  return Sha256(SignedMessage(file.substr(0, header_size),
+                              file.substr(header_size, payload_size))) == digest;
+}
+
+constexpr const char kMaybeAltered[] =
+    "; if no newer capsule wrote it, the file is damaged or was altered (it does not check as a "
+    "1.x capsule either)";
+
 }  // namespace
 
 StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& options) {
+  // The numbers are those of FORMAT.md §6 "Reading".
   const uint64_t size = file.size();
-  // 1. Magic. A prefix of the magic (an empty file included) is a capsule cut short.
+  // 2. Magic. An empty file holds nothing to judge (a failed download, a touched name); a
+  // non-empty prefix of the magic is a capsule cut short.
+  if (size == 0) return InvalidArgumentError("empty file (0 bytes): not a capsule");
   if (size < kMagicSize) {
     if (file == kMagic.substr(0, size)) return Truncated(size, kMinCapsuleSize);
     return InvalidArgumentError("not a capsule (bad magic number)");
@@ -110,7 +138,7 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
   }
   if (size < kHeaderSizeV1) return Truncated(size, kMinCapsuleSize);
 
-  // 2. Version and required flags, before trusting any other field.
+  // 3, 4. Version and required flags, before trusting any other field.
   OpenedEnvelope env;
   EnvelopeHeader& h = env.info.header;
   h.major = LoadLe16(&file[kOffMajor]);
@@ -118,7 +146,8 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
   if (h.major > kFormatMajor) {
     return UnimplementedError("format " + std::to_string(h.major) + "." + std::to_string(h.minor) +
                               " is newer than this reader (reads up to " +
-                              std::to_string(kFormatMajor) + ".x); upgrade capsule");
+                              std::to_string(kFormatMajor) + ".x); upgrade capsule" +
+                              (ChecksAsV1(file) ? "" : kMaybeAltered));
   }
   if (h.major == 0) return DataLossError("corrupt header (format major version 0)");
   h.required_flags = LoadLe32(&file[kOffRequiredFlags]);
@@ -127,14 +156,15 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     std::snprintf(hex, sizeof(hex), "0x%08x", h.required_flags & ~kKnownRequiredFlags);
     return UnimplementedError(
         std::string("capsule needs features this reader lacks (required flags ") + hex +
-        "); upgrade capsule");
+        "); upgrade capsule" + (ChecksAsV1(file) ? "" : kMaybeAltered));
   }
+  // 5. The other header fields.
   h.header_size = LoadLe32(&file[kOffHeaderSize]);
   h.optional_flags = LoadLe32(&file[kOffOptionalFlags]);
   h.payload_size = LoadLe64(&file[kOffPayloadSize]);
   h.uncompressed_size = LoadLe64(&file[kOffUncompressedSize]);
   h.payload_codec = LoadLe32(&file[kOffPayloadCodec]);
-  if (h.header_size < kHeaderSizeV1 || h.header_size > (1u << 20)) {
+  if (h.header_size < kHeaderSizeV1 || h.header_size > kMaxHeaderSize) {
     return DataLossError("corrupt header (header size " + std::to_string(h.header_size) + ")");
   }
   if (h.payload_codec != kPayloadCodecZstd) {
@@ -145,7 +175,8 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     return DataLossError("corrupt header (reserved field is not zero)");
   }
 
-  // 3. Declared sizes against the actual size. Overflow-safe: each term is bounded first.
+  // 6. Declared sizes against the actual size. Overflow-safe: each term is bounded first. While
+  // the trailer's fixed part is missing, sig_size is unknown and the minimum is reported.
   if (h.payload_size > size) return Truncated(size, h.header_size + h.payload_size);
   const uint64_t trailer_at = h.header_size + h.payload_size;
   if (size < trailer_at + kTrailerFixedSize) {
@@ -160,7 +191,7 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     return DataLossError("corrupt capsule (" + std::to_string(size - total) +
                          " bytes after the declared end)");
   }
-  // 4. End magic and the trailer's own size field.
+  // 7. End magic and the trailer's own size and reserved fields.
   if (file.substr(size - kEndMagic.size()) != kEndMagic) {
     return DataLossError("corrupt trailer (bad end magic)");
   }
@@ -173,7 +204,28 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
   const std::string_view signature(t + 8 + 2 * kSha256Size, sig_size);
   env.info.file_size = size;
 
-  // 5. Digest: integrity of header and payload, signed or not.
+  // 8. The signature fields agree with the algorithm. The trailer is not covered by the digest,
+  // so an unknown algorithm may also be a changed byte: the message says both.
+  switch (env.info.signature_algorithm) {
+    case kSigAlgNone:
+      if (sig_size != 0 || env.info.key_id != std::string(kSha256Size, '\0')) {
+        return DataLossError("corrupt trailer (unsigned capsule with a key id or signature)");
+      }
+      break;
+    case kSigAlgEd25519:
+      if (sig_size != kEd25519SignatureSize) {
+        return DataLossError("corrupt trailer (Ed25519 signature of " + std::to_string(sig_size) +
+                             " bytes)");
+      }
+      break;
+    default:
+      return UnimplementedError("unknown signature algorithm " +
+                                std::to_string(env.info.signature_algorithm) +
+                                "; upgrade capsule if a newer capsule wrote it, otherwise the "
+                                "file is damaged or was altered");
+  }
+
+  // 9. Digest: integrity of header and payload, signed or not.
   const std::string_view header_bytes = file.substr(0, h.header_size);
   env.payload = file.substr(h.header_size, h.payload_size);
   const std::string message = SignedMessage(header_bytes, env.payload);
@@ -181,49 +233,34 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     return DataLossError("corrupt capsule (digest mismatch: header or payload bytes changed)");
   }
 
-  // 6. Signature, before the payload is decompressed or parsed.
-  switch (env.info.signature_algorithm) {
-    case kSigAlgNone:
-      if (sig_size != 0 || env.info.key_id != std::string(kSha256Size, '\0')) {
-        return DataLossError("corrupt trailer (unsigned capsule with a key id or signature)");
-      }
-      if (!options.allow_unsigned) {
-        return UnauthenticatedError(
-            "capsule is unsigned, so it cannot be verified (inspect and replay read it with "
-            "--allow-unsigned)");
-      }
-      env.info.signature = SignatureState::kUnsigned;
-      break;
-    case kSigAlgEd25519: {
-      if (sig_size != kEd25519SignatureSize) {
-        return DataLossError("corrupt trailer (Ed25519 signature of " + std::to_string(sig_size) +
-                             " bytes)");
-      }
-      const PublicKey* key = nullptr;
-      for (const PublicKey& k : options.trusted_keys) {
-        if (k.KeyId() == env.info.key_id) key = &k;
-      }
-      if (key == nullptr) {
-        if (!options.allow_untrusted) {
-          return UnauthenticatedError("capsule is signed by untrusted key " +
-                                      HexEncode(env.info.key_id).substr(0, 16) +
-                                      "; pass the signer's public key with --pubkey");
-        }
-        env.info.signature = SignatureState::kNotChecked;
-        break;
-      }
-      Status s = Verify(*key, message, signature);
-      if (!s.ok()) {
-        return UnauthenticatedError("bad signature: capsule was not signed by key " +
-                                    key->KeyIdHex().substr(0, 16) + " or was altered");
-      }
-      env.info.signature = SignatureState::kVerified;
-      break;
+  // 10. Signature, before the payload is decompressed or parsed.
+  if (env.info.signature_algorithm == kSigAlgNone) {
+    if (!options.allow_unsigned) {
+      return UnauthenticatedError(
+          "capsule is unsigned, so it cannot be verified (inspect and replay read it with "
+          "--allow-unsigned)");
     }
-    default:
-      return UnimplementedError("unknown signature algorithm " +
-                                std::to_string(env.info.signature_algorithm) + "; upgrade capsule");
+    env.info.signature = SignatureState::kUnsigned;
+    return env;
   }
+  const PublicKey* key = nullptr;
+  for (const PublicKey& k : options.trusted_keys) {
+    if (k.KeyId() == env.info.key_id) key = &k;
+  }
+  if (key == nullptr) {
+    if (!options.allow_untrusted) {
+      return UnauthenticatedError("capsule is signed by untrusted key " +
+                                  HexEncode(env.info.key_id).substr(0, 16) +
+                                  "; pass the signer's public key with --pubkey");
+    }
+    env.info.signature = SignatureState::kNotChecked;
+    return env;
+  }
+  if (!Verify(*key, message, signature).ok()) {
+    return UnauthenticatedError("bad signature: capsule was not signed by key " +
+                                key->KeyIdHex().substr(0, 16) + " or was altered");
+  }
+  env.info.signature = SignatureState::kVerified;
   return env;
 }
 

@@ -32,6 +32,8 @@ inline constexpr uint16_t kFormatMinor = 0;
 // Header v1.0 is 48 bytes; a later minor version may append fields (header_size grows), which a
 // 1.0 reader skips (they are still covered by the digest and signature).
 inline constexpr size_t kHeaderSizeV1 = 48;
+// A header_size above this is corrupt (FORMAT.md §2).
+inline constexpr size_t kMaxHeaderSize = size_t{1} << 20;
 // Header field offsets.
 inline constexpr size_t kOffMajor = 8;
 inline constexpr size_t kOffMinor = 10;

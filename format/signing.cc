@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -41,6 +42,19 @@ std::string BioToString(BIO* bio) {
   char* data = nullptr;
   const long n = BIO_get_mem_data(bio, &data);
   return std::string(data, static_cast<size_t>(n));
+}
+
+// A public key where a private one is expected is a common slip (run.pub for run.key); say so
+// instead of "not a private key", or, for a 0644 file, "readable by others".
+bool IsPublicKeyPem(std::string_view pem) {
+  return pem.find("-----BEGIN PUBLIC KEY-----") != std::string_view::npos;
+}
+
+// OpenSSL's default pass phrase callback prompts on the terminal ("Enter PEM pass phrase:"): a
+// trainer or a CLI run must never stop to ask. This one refuses and records that it was asked.
+int RefusePassphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* asked) {
+  *static_cast<bool*>(asked) = true;
+  return -1;
 }
 
 StatusOr<std::string> RawKey(EVP_PKEY* pkey, bool is_private) {
@@ -138,9 +152,15 @@ StatusOr<KeyPair> GenerateKeyPair() {
 StatusOr<PrivateKey> ParsePrivateKeyPem(std::string_view pem) {
   BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
   if (!bio) return ResourceExhaustedError("cannot allocate");
-  PkeyPtr pkey(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  if (IsPublicKeyPem(pem)) return InvalidArgumentError("this is a public key, not a private key");
+  bool asked = false;
+  PkeyPtr pkey(PEM_read_bio_PrivateKey(bio.get(), nullptr, RefusePassphrase, &asked));
   if (!pkey) {
     ERR_clear_error();
+    if (asked) {
+      return InvalidArgumentError(
+          "encrypted private keys are not supported (store it decrypted, mode 0600)");
+    }
     return InvalidArgumentError("not a PEM private key");
   }
   CAPSULE_ASSIGN_OR_RETURN(std::string raw, RawKey(pkey.get(), /*is_private=*/true));
@@ -162,17 +182,23 @@ StatusOr<PublicKey> ParsePublicKeyPem(std::string_view pem) {
 }
 
 StatusOr<PrivateKey> LoadPrivateKeyFile(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return ErrnoError(errno, "cannot read private key", path);
-  if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  // One open: the mode judged is the mode of the file whose bytes are used.
+  auto file = ReadRegularFile(path, 1 << 16);
+  if (!file.ok()) return file.status().WithContext("cannot read private key");
+  struct Cleanse {
+    std::string* s;
+    ~Cleanse() { OPENSSL_cleanse(s->data(), s->size()); }
+  } cleanse{&file->bytes};
+  if (IsPublicKeyPem(file->bytes)) {
+    return InvalidArgumentError(path + " is a public key, not a private key");
+  }
+  if ((file->mode & 077) != 0) {
+    char mode[16];
+    std::snprintf(mode, sizeof(mode), "%04o", file->mode & 07777u);
     return PermissionDeniedError("private key " + path + " is readable by others (mode " + mode +
                                  "); run: chmod 600 " + path);
   }
-  CAPSULE_ASSIGN_OR_RETURN(std::string pem, ReadFileBytes(path, 1 << 16));
-  auto key = ParsePrivateKeyPem(pem);
-  OPENSSL_cleanse(pem.data(), pem.size());
+  auto key = ParsePrivateKeyPem(file->bytes);
   if (!key.ok()) return key.status().WithContext(path);
   return key;
 }
@@ -201,6 +227,38 @@ Status SavePublicKeyFile(const PublicKey& key, const std::string& path) {
   options.mode = 0644;
   options.overwrite = false;
   return WriteFileAtomic(path, pem, options);
+}
+
+StatusOr<KeyFilePaths> KeyFilePathsFor(const std::string& prefix) {
+  if (prefix.empty()) return InvalidArgumentError("no key file name (the prefix is empty)");
+  const size_t slash = prefix.rfind('/');
+  const std::string last = slash == std::string::npos ? prefix : prefix.substr(slash + 1);
+  if (last.empty() || last == "." || last == "..") {
+    return InvalidArgumentError("key file prefix " + prefix +
+                                " names a directory, not a file name (it would write hidden " +
+                                "files .key and .pub); add a name, e.g. " +
+                                (last.empty() ? prefix : prefix + "/") + "trainer");
+  }
+  return KeyFilePaths{prefix + ".key", prefix + ".pub"};
+}
+
+StatusOr<KeyFilePaths> SaveKeyPairFiles(const KeyPair& pair, const std::string& prefix) {
+  CAPSULE_ASSIGN_OR_RETURN(KeyFilePaths paths, KeyFilePathsFor(prefix));
+  // Checked before anything is written, so an existing .pub does not cost a freshly written .key;
+  // each write below is exclusive again.
+  for (const std::string* path : {&paths.private_key, &paths.public_key}) {
+    struct stat st;
+    if (::lstat(path->c_str(), &st) == 0) {
+      return Status(StatusCode::kAlreadyExists, *path + " already exists; not overwriting it");
+    }
+  }
+  CAPSULE_RETURN_IF_ERROR(SavePrivateKeyFile(pair.private_key, paths.private_key));
+  Status s = SavePublicKeyFile(pair.public_key, paths.public_key);
+  if (!s.ok()) {
+    ::unlink(paths.private_key.c_str());  // ours: the exclusive write above created it
+    return s;
+  }
+  return paths;
 }
 
 StatusOr<std::string> Sign(const PrivateKey& key, std::string_view message) {

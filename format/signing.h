@@ -67,18 +67,35 @@ struct KeyPair {
 
 StatusOr<KeyPair> GenerateKeyPair();
 
+// kInvalidArgument "this is a public key, not a private key" for a public key PEM, "encrypted
+// private keys are not supported" for an encrypted one (never asks for a pass phrase), "not a PEM
+// private key" otherwise.
 StatusOr<PrivateKey> ParsePrivateKeyPem(std::string_view pem);
 StatusOr<PublicKey> ParsePublicKeyPem(std::string_view pem);
 
-// Loads a PEM private key; kPermissionDenied when the file is readable by group or others,
-// kNotFound when it does not exist, kInvalidArgument when it is not an Ed25519 private key.
+// Loads a PEM private key. kNotFound when it does not exist; kInvalidArgument when it is not a
+// regular file, is a public key (said before the mode check: a .pub file is 0644), is encrypted,
+// or is not an Ed25519 private key; kPermissionDenied when it is readable by group or others.
 StatusOr<PrivateKey> LoadPrivateKeyFile(const std::string& path);
 StatusOr<PublicKey> LoadPublicKeyFile(const std::string& path);
 
-// Writes with mode 0600 (private) / 0644 (public), atomically; refuses to overwrite an existing
-// file (kAlreadyExists) so a key is never lost by accident.
+// Writes with mode 0600 (private) / 0644 (public), atomically and exclusively: refuses to
+// overwrite an existing file (kAlreadyExists) so a key is never lost by accident.
 Status SavePrivateKeyFile(const PrivateKey& key, const std::string& path);
 Status SavePublicKeyFile(const PublicKey& key, const std::string& path);
+
+// Where a key pair with file name prefix PREFIX lives: PREFIX.key (private) and PREFIX.pub.
+struct KeyFilePaths {
+  std::string private_key;
+  std::string public_key;
+};
+// kInvalidArgument when PREFIX is empty or its last component is empty, "." or ".." ("dir/"
+// would name the hidden files dir/.key and dir/.pub).
+StatusOr<KeyFilePaths> KeyFilePathsFor(const std::string& prefix);
+// Writes PREFIX.key and PREFIX.pub, exclusively. Nothing is written when either exists
+// (kAlreadyExists), and the private key is removed again when the public one cannot be written:
+// the pair is written whole or not at all.
+StatusOr<KeyFilePaths> SaveKeyPairFiles(const KeyPair& pair, const std::string& prefix);
 
 // Pure Ed25519 (RFC 8032) over `message`; 64-byte signature.
 StatusOr<std::string> Sign(const PrivateKey& key, std::string_view message);

@@ -34,15 +34,18 @@ int main(int argc, char** argv) {
   std::string expected =
       "# file  status code of DecodeCapsule with the default ReadOptions trusting "
       "samples/keys/test-only.pub\n";
+  // Regenerating in place (samples/golden) replaces the previous files.
+  capsule::AtomicWriteOptions replace;
+  replace.overwrite = true;
   for (const auto& f : *files) {
-    capsule::Status s = capsule::WriteFileAtomic(out + "/" + f.name, f.bytes);
+    capsule::Status s = capsule::WriteFileAtomic(out + "/" + f.name, f.bytes, replace);
     if (!s.ok()) {
       std::cerr << "capsule_make_golden: " << s << "\n";
       return 2;
     }
     expected += f.name + " " + std::string(capsule::StatusCodeName(f.expected)) + "\n";
   }
-  capsule::Status s = capsule::WriteFileAtomic(out + "/EXPECTED", expected);
+  capsule::Status s = capsule::WriteFileAtomic(out + "/EXPECTED", expected, replace);
   if (!s.ok()) {
     std::cerr << "capsule_make_golden: " << s << "\n";
     return 2;

@@ -58,8 +58,10 @@ class ReaderRulesTest : public CapsuleBytesTest {
 
 // ---- 1. Size and magic ------------------------------------------------------------------------
 
-TEST_F(ReaderRulesTest, EmptyFileIsTruncated) {
-  EXPECT_TRUE(HasError(Decode(""), StatusCode::kOutOfRange, "truncated capsule: 0 bytes"));
+TEST_F(ReaderRulesTest, EmptyFileIsNotACapsule) {
+  // Not "truncated capsule: 0 bytes, header declares 132": nothing says it ever was one.
+  EXPECT_TRUE(
+      HasError(Decode(""), StatusCode::kInvalidArgument, "empty file (0 bytes): not a capsule"));
 }
 
 TEST_F(ReaderRulesTest, PrefixOfMagicIsTruncated) {
@@ -104,6 +106,33 @@ TEST_F(ReaderRulesTest, NewerMajorVersion) {
                        "format 2.0 is newer than this reader (reads up to 1.x); upgrade capsule"));
   EXPECT_TRUE(HasError(Decode(SetMajor(signed_, 0xffff)), StatusCode::kUnimplemented,
                        "newer than this reader"));
+}
+
+TEST_F(ReaderRulesTest, NewerMajorThatChecksAsV1SaysOnlyUpgrade) {
+  // SetMajor re-seals: the file is intact, so it is a genuinely newer capsule.
+  const Status s = Decode(SetMajor(signed_, 2)).status();
+  EXPECT_TRUE(HasError(s, StatusCode::kUnimplemented, "upgrade capsule"));
+  EXPECT_EQ(s.message().find("damaged"), std::string::npos) << s;
+}
+
+TEST_F(ReaderRulesTest, MajorChangedInPlaceSaysTheFileMayBeDamaged) {
+  // The same edit without re-sealing: the 1.x digest no longer matches, so "upgrade" alone
+  // would send the user after a version that does not exist.
+  std::string bytes = signed_;
+  StoreLe16(&bytes[kOffMajor], 2);
+  EXPECT_TRUE(HasError(Decode(bytes), StatusCode::kUnimplemented,
+                       "format 2.0 is newer than this reader (reads up to 1.x); upgrade capsule; "
+                       "if no newer capsule wrote it, the file is damaged or was altered"));
+}
+
+TEST_F(ReaderRulesTest, RequiredFlagSetInPlaceSaysTheFileMayBeDamaged) {
+  std::string bytes = signed_;
+  StoreLe32(&bytes[kOffRequiredFlags], 1u << 5);
+  EXPECT_TRUE(HasError(Decode(bytes), StatusCode::kUnimplemented,
+                       "(required flags 0x00000020); upgrade capsule; if no newer capsule wrote "
+                       "it, the file is damaged or was altered"));
+  const Status resealed = Decode(SetRequiredFlag(signed_, 1u << 5)).status();
+  EXPECT_EQ(resealed.message().find("damaged"), std::string::npos) << resealed;
 }
 
 TEST_F(ReaderRulesTest, NewerMinorVersionIsRead) {
@@ -399,9 +428,26 @@ TEST_F(ReaderRulesTest, UnknownSignatureAlgorithm) {
   for (uint16_t alg : {uint16_t{2}, uint16_t{0xffff}}) {
     std::string bytes = signed_;
     StoreLe16(&bytes[l.trailer_at], alg);
-    EXPECT_TRUE(
-        HasError(Decode(bytes), StatusCode::kUnimplemented,
-                 "unknown signature algorithm " + std::to_string(alg) + "; upgrade capsule"));
+    // The trailer is outside the digest: a changed byte and a newer writer look alike.
+    EXPECT_TRUE(HasError(Decode(bytes), StatusCode::kUnimplemented,
+                         "unknown signature algorithm " + std::to_string(alg) +
+                             "; upgrade capsule if a newer capsule wrote it, otherwise the file "
+                             "is damaged or was altered"));
+  }
+}
+
+TEST_F(ReaderRulesTest, Ed25519SignatureOfHalfOrTwiceTheSize) {
+  const Layout l = ParseLayout(signed_);
+  for (uint16_t n : {uint16_t{32}, uint16_t{128}}) {
+    std::string bytes = signed_.substr(0, l.signature_at()) + std::string(n, '\x5a');
+    StoreLe16(&bytes[l.trailer_at + 2], n);
+    char tail[4];
+    StoreLe32(tail, 84 + n);
+    bytes.append(tail, 4);
+    bytes.append(kEndMagic);
+    EXPECT_TRUE(HasError(Decode(bytes), StatusCode::kDataLoss,
+                         "corrupt trailer (Ed25519 signature of " + std::to_string(n) + " bytes)"))
+        << n;
   }
 }
 
@@ -572,6 +618,20 @@ TEST_F(ReaderRulesTest, RequiredFlagsBeforeDigest) {
   std::string bytes = SetRequiredFlag(signed_, 1u << 3);
   bytes[ParseLayout(bytes).header_size + 2] ^= 0x01;
   EXPECT_TRUE(HasError(Decode(bytes), StatusCode::kUnimplemented, "required flags"));
+}
+
+TEST_F(ReaderRulesTest, TrailerFieldsBeforeDigest) {
+  // FORMAT.md §6 check 8 comes before check 9: the algorithm, signature size and key id are
+  // judged without hashing anything.
+  const Layout l = ParseLayout(unsigned_);
+  std::string bytes = FlipByte(unsigned_, l.key_id_at(), 0x01);
+  bytes[l.header_size + 1] ^= 0x01;
+  EXPECT_TRUE(HasError(DecodeCapsule(bytes, AllowUnsigned()), StatusCode::kDataLoss,
+                       "unsigned capsule with a key id or signature"));
+  std::string unknown = signed_;
+  StoreLe16(&unknown[ParseLayout(signed_).trailer_at], 7);
+  unknown[ParseLayout(signed_).header_size + 1] ^= 0x01;
+  EXPECT_TRUE(HasError(Decode(unknown), StatusCode::kUnimplemented, "unknown signature algorithm"));
 }
 
 TEST_F(ReaderRulesTest, DigestBeforeSignature) {

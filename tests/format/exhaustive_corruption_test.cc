@@ -71,7 +71,10 @@ class ExhaustiveTest : public CapsuleBytesTest {
   }
 
   void CheckEveryTruncation(const std::string& bytes, const ReadOptions& options) {
-    for (size_t n = 0; n < bytes.size(); ++n) {
+    // Cut to nothing, the file is no capsule at all (FORMAT.md §6 check 2).
+    ASSERT_TRUE(HasError(DecodeCapsule(TruncateTo(bytes, 0), options), StatusCode::kInvalidArgument,
+                         "empty file (0 bytes): not a capsule"));
+    for (size_t n = 1; n < bytes.size(); ++n) {
       ASSERT_TRUE(HasError(DecodeCapsule(TruncateTo(bytes, n), options), StatusCode::kOutOfRange,
                            "truncated capsule"))
           << "truncated to " << n << " of " << bytes.size() << " bytes";

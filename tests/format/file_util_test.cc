@@ -1,17 +1,26 @@
-// Whole-file reads, crash-safe writes and directory creation (base/file_util.h), WriteCapsuleFile /
-// ReadCapsuleFile, and capsule file names.
+// Whole-file reads, crash-safe writes and directory creation (base/file_util.h),
+// WriteCapsuleFile / ReadCapsuleFile, and capsule file names.
 #include "capsule/base/file_util.h"
 
+#include <fcntl.h>
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
@@ -43,12 +52,28 @@ class FileUtilTest : public ::testing::Test {
   TempDir dir_;
 };
 
-TEST_F(FileUtilTest, WriteFileAtomicCreatesTheFileAndNoPartial) {
+// Names in the test directory other than "." and "..".
+std::vector<std::string> Entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+AtomicWriteOptions Overwrite() {
+  AtomicWriteOptions o;
+  o.overwrite = true;
+  return o;
+}
+
+TEST_F(FileUtilTest, WriteFileAtomicCreatesTheFileAndNothingElse) {
   const std::string path = Path("a.bin");
   const std::string bytes("\x00\x01 capsule \xff", 12);
   ASSERT_TRUE(WriteFileAtomic(path, bytes).ok());
   EXPECT_EQ(ReadAll(path), bytes);
-  EXPECT_FALSE(Exists(path + ".partial"));
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"a.bin"});
   EXPECT_EQ(ModeOf(path), 0644u);
 }
 
@@ -63,30 +88,144 @@ TEST_F(FileUtilTest, WriteFileAtomicModeIgnoresTheUmask) {
   EXPECT_EQ(ModeOf(path), 0640u);
 }
 
-TEST_F(FileUtilTest, WriteFileAtomicReplacesByDefault) {
-  const std::string path = Path("c.bin");
-  ASSERT_TRUE(WriteFileAtomic(path, "old contents that are longer").ok());
-  ASSERT_TRUE(WriteFileAtomic(path, "new").ok());
-  EXPECT_EQ(ReadAll(path), "new");
-  EXPECT_FALSE(Exists(path + ".partial"));
-}
-
-TEST_F(FileUtilTest, WriteFileAtomicCanRefuseToOverwrite) {
+TEST_F(FileUtilTest, WriteFileAtomicRefusesToOverwriteByDefault) {
   const std::string path = Path("d.bin");
   ASSERT_TRUE(WriteFileAtomic(path, "first").ok());
-  AtomicWriteOptions o;
-  o.overwrite = false;
-  EXPECT_TRUE(HasError(WriteFileAtomic(path, "second", o), StatusCode::kAlreadyExists,
-                       path + " already exists"));
+  EXPECT_TRUE(HasError(WriteFileAtomic(path, "second"), StatusCode::kAlreadyExists,
+                       path + " already exists; not overwriting it"));
   EXPECT_EQ(ReadAll(path), "first");
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"d.bin"});
 }
 
-TEST_F(FileUtilTest, StalePartialFromACrashedWriterIsReplaced) {
+TEST_F(FileUtilTest, WriteFileAtomicReplacesARegularFileWhenAsked) {
+  const std::string path = Path("c.bin");
+  ASSERT_TRUE(WriteFileAtomic(path, "old contents that are longer").ok());
+  ASSERT_TRUE(WriteFileAtomic(path, "new", Overwrite()).ok());
+  EXPECT_EQ(ReadAll(path), "new");
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"c.bin"});
+}
+
+// As root, `-o /dev/full` used to replace the device with a regular file: whatever stands at the
+// target, if it is not a regular file it is refused and left as it was, overwrite or not.
+TEST_F(FileUtilTest, FifoTargetIsRefusedAndKept) {
+  const std::string path = Path("fifo");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  for (const AtomicWriteOptions& o : {AtomicWriteOptions(), Overwrite()}) {
+    EXPECT_TRUE(HasError(WriteFileAtomic(path, "x", o), StatusCode::kInvalidArgument,
+                         path + " is a fifo, not a regular file; not replacing it"));
+    struct stat st {};
+    ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  }
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"fifo"});
+}
+
+TEST_F(FileUtilTest, DeviceTargetIsRefusedAndKept) {
+  // A copy of /dev/full (1,7) inside the test directory; only root may make one.
+  const std::string path = Path("full");
+  if (::mknod(path.c_str(), S_IFCHR | 0666, makedev(1, 7)) != 0) {
+    GTEST_SKIP() << "cannot make a device node here (not root)";
+  }
+  EXPECT_TRUE(HasError(WriteFileAtomic(path, "x", Overwrite()), StatusCode::kInvalidArgument,
+                       "is a character device, not a regular file"));
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+}
+
+TEST_F(FileUtilTest, SymbolicLinkTargetIsRefusedAndKept) {
+  const std::string path = Path("null");
+  ASSERT_EQ(::symlink("/dev/null", path.c_str()), 0);
+  EXPECT_TRUE(HasError(WriteFileAtomic(path, "x", Overwrite()), StatusCode::kInvalidArgument,
+                       "is a symbolic link, not a regular file"));
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+}
+
+TEST_F(FileUtilTest, TargetIsADirectory) {
+  const std::string sub = Path("sub");
+  ASSERT_EQ(::mkdir(sub.c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((sub + "/inner").c_str(), 0700), 0);
+  EXPECT_TRUE(HasError(WriteFileAtomic(sub, "x", Overwrite()), StatusCode::kInvalidArgument,
+                       sub + " is a directory, not a regular file"));
+  EXPECT_TRUE(HasError(WriteFileAtomic(sub + "/", "x"), StatusCode::kInvalidArgument,
+                       "is not a file name"));
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"sub"});
+}
+
+TEST_F(FileUtilTest, AFixedTemporaryNameIsNeverFollowed) {
+  // A fixed NAME.partial let anyone who can write the directory plant a link there and have the
+  // writer truncate and fill the file it points to.
   const std::string path = Path("e.bin");
-  std::ofstream(path + ".partial") << "half a capsule from a killed writer";
+  const std::string victim = Path("victim");
+  std::ofstream(victim) << "precious";
+  ASSERT_EQ(::symlink(victim.c_str(), (path + ".partial").c_str()), 0);
   ASSERT_TRUE(WriteFileAtomic(path, "whole").ok());
   EXPECT_EQ(ReadAll(path), "whole");
-  EXPECT_FALSE(Exists(path + ".partial"));
+  EXPECT_EQ(ReadAll(victim), "precious");
+  struct stat st {};
+  ASSERT_EQ(::lstat((path + ".partial").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode)) << "a file the writer did not create was touched";
+}
+
+TEST_F(FileUtilTest, ExclusiveWritersHaveExactlyOneWinner) {
+  const std::string path = Path("race.bin");
+  constexpr int kWriters = 8;
+  std::vector<Status> results(kWriters);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWriters; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = WriteFileAtomic(path, std::string(4096, static_cast<char>('a' + i)));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int winners = 0;
+  char winner = 0;
+  for (int i = 0; i < kWriters; ++i) {
+    if (results[i].ok()) {
+      ++winners;
+      winner = static_cast<char>('a' + i);
+    } else {
+      EXPECT_EQ(results[i].code(), StatusCode::kAlreadyExists) << results[i];
+    }
+  }
+  EXPECT_EQ(winners, 1);
+  EXPECT_EQ(ReadAll(path), std::string(4096, winner));
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"race.bin"});
+}
+
+TEST_F(FileUtilTest, AKilledWriterLeavesNothingUnderTheFinalName) {
+  // The child writes 256 MiB (pages of /dev/zero, so it costs no memory) and is killed with
+  // SIGKILL as soon as its temporary file appears.
+  const std::string path = Path("killed.bin");
+  constexpr size_t kSize = size_t{256} << 20;
+  void* zeros = ::mmap(nullptr, kSize, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(zeros, MAP_FAILED);
+  const pid_t pid = ::fork();
+  ASSERT_NE(pid, -1);
+  if (pid == 0) {
+    const Status s = WriteFileAtomic(path, std::string_view(static_cast<char*>(zeros), kSize));
+    ::_exit(s.ok() ? 0 : 1);
+  }
+  bool seen = false;
+  for (int i = 0; i < 20000 && !seen; ++i) {
+    seen = !Entries(dir_.path()).empty();
+    if (!seen) ::usleep(100);
+  }
+  ::kill(pid, SIGKILL);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ::munmap(zeros, kSize);
+  ASSERT_TRUE(seen) << "the writer never created its temporary file";
+  if (!WIFSIGNALED(wstatus)) GTEST_SKIP() << "the writer finished before it could be killed";
+  EXPECT_FALSE(Exists(path));
+  const std::vector<std::string> left = Entries(dir_.path());
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].rfind(".killed.bin.", 0), 0u) << left[0];
+  // The leftover never blocks the next writer, nor becomes NAME.
+  ASSERT_TRUE(WriteFileAtomic(path, "whole").ok());
+  EXPECT_EQ(ReadAll(path), "whole");
 }
 
 TEST_F(FileUtilTest, UnwritableDirectoryIsPermissionDenied) {
@@ -94,7 +233,7 @@ TEST_F(FileUtilTest, UnwritableDirectoryIsPermissionDenied) {
   const std::string ro = Path("ro");
   ASSERT_EQ(::mkdir(ro.c_str(), 0500), 0);
   EXPECT_TRUE(HasError(WriteFileAtomic(ro + "/f.bin", "x"), StatusCode::kPermissionDenied,
-                       "cannot create " + ro + "/f.bin.partial"));
+                       "cannot create " + ro + "/f.bin"));
   EXPECT_FALSE(Exists(ro + "/f.bin"));
 }
 
@@ -103,22 +242,12 @@ TEST_F(FileUtilTest, ParentIsARegularFile) {
   const std::string file = Path("plain");
   std::ofstream(file) << "x";
   EXPECT_TRUE(HasError(WriteFileAtomic(file + "/f.bin", "x"), StatusCode::kNotFound,
-                       "cannot create " + file + "/f.bin.partial"));
+                       "cannot stat " + file + "/f.bin"));
 }
 
 TEST_F(FileUtilTest, MissingParentDirectory) {
   EXPECT_TRUE(HasError(WriteFileAtomic(Path("no/such/dir/f.bin"), "x"), StatusCode::kNotFound,
                        "cannot create"));
-}
-
-TEST_F(FileUtilTest, TargetIsADirectory) {
-  const std::string sub = Path("sub");
-  ASSERT_EQ(::mkdir(sub.c_str(), 0700), 0);
-  ASSERT_EQ(::mkdir((sub + "/inner").c_str(), 0700), 0);
-  const Status s = WriteFileAtomic(sub, "x");
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("cannot rename to " + sub), std::string::npos) << s;
-  EXPECT_FALSE(Exists(sub + ".partial"));
 }
 
 // Exit codes of the child below that are not a StatusCode.
@@ -149,8 +278,7 @@ TEST_F(FileUtilTest, FileSizeLimitIsResourceExhaustedAndLeavesNothing) {
   ASSERT_NE(WEXITSTATUS(wstatus), kChildSigxfszNotRestored) << "SIGXFSZ handler left changed";
   EXPECT_EQ(WEXITSTATUS(wstatus), static_cast<int>(StatusCode::kResourceExhausted))
       << StatusCodeName(static_cast<StatusCode>(WEXITSTATUS(wstatus)));
-  EXPECT_FALSE(Exists(path));
-  EXPECT_FALSE(Exists(path + ".partial"));
+  EXPECT_TRUE(Entries(dir_.path()).empty());
 }
 
 TEST_F(FileUtilTest, FileSizeLimitMessage) {
@@ -164,13 +292,29 @@ TEST_F(FileUtilTest, FileSizeLimitMessage) {
     if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) ::_exit(kChildSetrlimitFailed);
     const Status s = WriteFileAtomic(path, std::string(8 * 1024, 'x'));
     const bool ok = s.code() == StatusCode::kResourceExhausted &&
-                    s.message().find("cannot write " + path + ".partial") != std::string::npos;
+                    s.message().find("cannot write " + path + ": ") != std::string::npos;
     ::_exit(ok ? 0 : 1);
   }
   int wstatus = 0;
   ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
   ASSERT_TRUE(WIFEXITED(wstatus));
   EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+}
+
+TEST_F(FileUtilTest, SameFileComparesDeviceAndInode) {
+  const std::string a = Path("a");
+  const std::string b = Path("b");
+  ASSERT_TRUE(WriteFileAtomic(a, "same bytes").ok());
+  ASSERT_TRUE(WriteFileAtomic(b, "same bytes").ok());
+  ASSERT_EQ(::link(a.c_str(), Path("hard").c_str()), 0);
+  ASSERT_EQ(::symlink(a.c_str(), Path("soft").c_str()), 0);
+  EXPECT_TRUE(SameFile(a, a));
+  EXPECT_TRUE(SameFile(a, dir_.path() + "/./a"));
+  EXPECT_TRUE(SameFile(a, Path("hard")));
+  EXPECT_TRUE(SameFile(Path("soft"), a));
+  EXPECT_FALSE(SameFile(a, b));  // equal bytes, other file
+  EXPECT_FALSE(SameFile(a, Path("missing")));
+  EXPECT_FALSE(SameFile(Path("missing"), Path("missing")));
 }
 
 TEST_F(FileUtilTest, ReadFileBytes) {
@@ -185,7 +329,39 @@ TEST_F(FileUtilTest, ReadFileBytes) {
   EXPECT_TRUE(HasError(ReadFileBytes(Path("missing"), 10), StatusCode::kNotFound,
                        "cannot open " + Path("missing")));
   EXPECT_TRUE(HasError(ReadFileBytes(dir_.path(), 10), StatusCode::kInvalidArgument,
-                       "is not a regular file"));
+                       "is not a regular file (a directory)"));
+  EXPECT_TRUE(HasError(ReadFileBytes("/dev/null", 10), StatusCode::kInvalidArgument,
+                       "/dev/null is not a regular file (a character device)"));
+}
+
+TEST_F(FileUtilTest, ReadRegularFileReportsModeAndIdentity) {
+  const std::string path = Path("m.bin");
+  AtomicWriteOptions o;
+  o.mode = 0640;
+  ASSERT_TRUE(WriteFileAtomic(path, "abc", o).ok());
+  StatusOr<RegularFile> f = ReadRegularFile(path, 10);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->bytes, "abc");
+  EXPECT_EQ(f->mode, 0640u);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(f->device, static_cast<uint64_t>(st.st_dev));
+  EXPECT_EQ(f->inode, static_cast<uint64_t>(st.st_ino));
+}
+
+TEST_F(FileUtilTest, FifoInputIsRefusedWithoutBlocking) {
+  // open() of a FIFO without a writer blocks until one comes: every reader used to hang here.
+  const std::string path = Path("in.fifo");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto read = std::async(std::launch::async, [&] { return ReadFileBytes(path, 1 << 20).status(); });
+  if (read.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    // Release the blocked reader so the test ends, then fail.
+    const int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+    FAIL() << "reading a FIFO blocked";
+  }
+  EXPECT_TRUE(
+      HasError(read.get(), StatusCode::kInvalidArgument, path + " is not a regular file (a fifo)"));
 }
 
 TEST_F(FileUtilTest, MakeDirsCreatesParentsOnceAndRefusesAFile) {
@@ -214,11 +390,24 @@ TEST_F(CapsuleFileTest, WriteThenRead) {
   WriteOptions w;
   w.signing_key = &key_;
   ASSERT_TRUE(WriteCapsuleFile(path, MakeFullCapsule(), w).ok());
-  EXPECT_FALSE(Exists(path + ".partial"));
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{std::filesystem::path(path).filename()});
   EXPECT_EQ(ReadAll(path), EncodeSigned(MakeFullCapsule()));
   StatusOr<DecodedCapsule> d = ReadCapsuleFile(path, Strict());
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(MakeFullCapsule(), *d->capsule));
+}
+
+TEST_F(CapsuleFileTest, AnExistingCapsuleIsReplacedOnlyWhenAsked) {
+  const std::string path = dir_.path() + "/c.capsule";
+  WriteOptions w;
+  w.signing_key = &key_;
+  ASSERT_TRUE(WriteCapsuleFile(path, MakeMinimalCapsule(), w).ok());
+  EXPECT_TRUE(HasError(WriteCapsuleFile(path, MakeFullCapsule(), w), StatusCode::kAlreadyExists,
+                       "already exists; not overwriting it"));
+  EXPECT_EQ(ReadAll(path), EncodeSigned(MakeMinimalCapsule()));
+  w.overwrite = true;
+  ASSERT_TRUE(WriteCapsuleFile(path, MakeFullCapsule(), w).ok());
+  EXPECT_EQ(ReadAll(path), EncodeSigned(MakeFullCapsule()));
 }
 
 TEST_F(CapsuleFileTest, InvalidCapsuleIsNotWritten) {
@@ -227,8 +416,7 @@ TEST_F(CapsuleFileTest, InvalidCapsuleIsNotWritten) {
   c.clear_step();
   EXPECT_TRUE(HasError(WriteCapsuleFile(path, c, WriteOptions()), StatusCode::kInvalidArgument,
                        "refusing to write an invalid capsule: step: must be set"));
-  EXPECT_FALSE(Exists(path));
-  EXPECT_FALSE(Exists(path + ".partial"));
+  EXPECT_TRUE(Entries(dir_.path()).empty());
 }
 
 TEST_F(CapsuleFileTest, ReadErrorsNameTheFile) {
@@ -247,6 +435,28 @@ TEST_F(CapsuleFileTest, FileSizeCap) {
                        "over the limit of " + std::to_string(signed_.size() - 1)));
   o.max_file_bytes = signed_.size();
   EXPECT_TRUE(ReadCapsuleFile(path, o).ok());
+}
+
+TEST_F(CapsuleFileTest, NonRegularInputsAreInvalidArgumentWithoutBlocking) {
+  const std::string fifo = dir_.path() + "/in.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {dir_.path(), fifo, std::string("/dev/null")}) {
+    auto read = std::async(std::launch::async, [&] { return ReadCapsuleFile(path, Strict()); });
+    if (read.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (w >= 0) ::close(w);
+      FAIL() << "reading " << path << " blocked";
+    }
+    EXPECT_TRUE(
+        HasError(read.get(), StatusCode::kInvalidArgument, path + " is not a regular file"));
+  }
+}
+
+TEST_F(CapsuleFileTest, EmptyFileIsNotACapsule) {
+  const std::string path = dir_.path() + "/empty.capsule";
+  std::ofstream(path).close();
+  EXPECT_TRUE(HasError(ReadCapsuleFile(path, Strict()), StatusCode::kInvalidArgument,
+                       path + ": empty file (0 bytes): not a capsule"));
 }
 
 TEST(CapsuleFileNameTest, Formatting) {

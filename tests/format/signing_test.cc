@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -146,7 +147,7 @@ TEST(KeysTest, PemRoundTrip) {
 TEST(KeysTest, PublicPemIsNotAPrivateKey) {
   const KeyPair kp = OrDie(GenerateKeyPair());
   EXPECT_TRUE(HasError(ParsePrivateKeyPem(OrDie(kp.public_key.ToPem())),
-                       StatusCode::kInvalidArgument, "not a PEM private key"));
+                       StatusCode::kInvalidArgument, "public key, not a private key"));
   EXPECT_TRUE(HasError(ParsePublicKeyPem(OrDie(kp.private_key.ToPem())),
                        StatusCode::kInvalidArgument, "not a PEM public key"));
   EXPECT_TRUE(HasError(ParsePrivateKeyPem("garbage"), StatusCode::kInvalidArgument,
@@ -203,7 +204,9 @@ TEST_F(KeyFileTest, SavePrivateKeyFileIsMode0600AndLoads) {
   ::umask(old_umask);
   ASSERT_TRUE(saved.ok()) << saved;
   EXPECT_EQ(ModeOf(path), 0600u);
-  EXPECT_EQ(::access((path + ".partial").c_str(), F_OK), -1);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_.path()),
+                          std::filesystem::directory_iterator()),
+            1);  // the key and nothing else: no temporary file left behind
   StatusOr<PrivateKey> loaded = LoadPrivateKeyFile(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->raw(), kp.private_key.raw());
@@ -256,12 +259,92 @@ TEST_F(KeyFileTest, MissingKeyFiles) {
                        "cannot read public key"));
 }
 
-TEST_F(KeyFileTest, PublicKeyFileLoadedAsPrivate) {
+TEST_F(KeyFileTest, PublicKeyFileLoadedAsPrivateSaysItIsAPublicKey) {
+  // As written by keygen (0644), and with a private key's mode: the answer is the same, not
+  // "readable by others (mode 0644)" nor "not a PEM private key".
   const KeyPair kp = OrDie(GenerateKeyPair());
-  const std::string path = dir_.path() + "/swapped.key";
-  WriteAll(path, OrDie(kp.public_key.ToPem()), 0600);
+  for (mode_t mode : {0644, 0600}) {
+    const std::string path = dir_.path() + "/swapped" + std::to_string(mode) + ".pub";
+    WriteAll(path, OrDie(kp.public_key.ToPem()), mode);
+    EXPECT_TRUE(HasError(LoadPrivateKeyFile(path), StatusCode::kInvalidArgument,
+                         path + " is a public key, not a private key"));
+  }
+  EXPECT_TRUE(HasError(ParsePrivateKeyPem(OrDie(kp.public_key.ToPem())),
+                       StatusCode::kInvalidArgument, "this is a public key, not a private key"));
+}
+
+TEST_F(KeyFileTest, EncryptedPrivateKeyIsRefusedWithoutAPrompt) {
+  // OpenSSL's default callback would ask "Enter PEM pass phrase:" on the terminal.
+  const KeyPair kp = OrDie(GenerateKeyPair());
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(
+      EVP_PKEY_new_raw_private_key(
+          EVP_PKEY_ED25519, nullptr,
+          reinterpret_cast<const unsigned char*>(kp.private_key.raw().data()), 32),
+      EVP_PKEY_free);
+  ASSERT_TRUE(pkey);
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new(BIO_s_mem()), BIO_free);
+  char pass[] = "secret";
+  ASSERT_EQ(PEM_write_bio_PKCS8PrivateKey(bio.get(), pkey.get(), EVP_aes_256_cbc(), pass, 6,
+                                          nullptr, nullptr),
+            1);
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  const std::string pem(data, static_cast<size_t>(n));
+  ASSERT_NE(pem.find("ENCRYPTED PRIVATE KEY"), std::string::npos);
+  const std::string path = dir_.path() + "/encrypted.key";
+  WriteAll(path, pem, 0600);
   EXPECT_TRUE(HasError(LoadPrivateKeyFile(path), StatusCode::kInvalidArgument,
-                       path + ": not a PEM private key"));
+                       path + ": encrypted private keys are not supported"));
+}
+
+TEST_F(KeyFileTest, PrivateKeyThatIsNotARegularFile) {
+  EXPECT_TRUE(HasError(LoadPrivateKeyFile(dir_.path()), StatusCode::kInvalidArgument,
+                       "is not a regular file (a directory)"));
+}
+
+TEST_F(KeyFileTest, KeyPairFilesAreWrittenWholeAndExclusively) {
+  const KeyPair kp = OrDie(GenerateKeyPair());
+  const std::string prefix = dir_.path() + "/run";
+  StatusOr<KeyFilePaths> paths = SaveKeyPairFiles(kp, prefix);
+  ASSERT_TRUE(paths.ok()) << paths.status();
+  EXPECT_EQ(paths->private_key, prefix + ".key");
+  EXPECT_EQ(paths->public_key, prefix + ".pub");
+  EXPECT_EQ(ModeOf(prefix + ".key"), 0600u);
+  EXPECT_EQ(ModeOf(prefix + ".pub"), 0644u);
+  EXPECT_EQ(OrDie(LoadPrivateKeyFile(prefix + ".key")).raw(), kp.private_key.raw());
+  EXPECT_EQ(OrDie(LoadPublicKeyFile(prefix + ".pub")).raw(), kp.public_key.raw());
+
+  // A second pair under the same prefix replaces nothing.
+  const KeyPair other = OrDie(GenerateKeyPair());
+  EXPECT_TRUE(HasError(SaveKeyPairFiles(other, prefix), StatusCode::kAlreadyExists,
+                       prefix + ".key already exists; not overwriting it"));
+  EXPECT_EQ(OrDie(LoadPrivateKeyFile(prefix + ".key")).raw(), kp.private_key.raw());
+
+  // Only the .pub exists: no lone .key is left behind.
+  const std::string lone = dir_.path() + "/lone";
+  WriteAll(lone + ".pub", "someone else's", 0644);
+  EXPECT_TRUE(HasError(SaveKeyPairFiles(other, lone), StatusCode::kAlreadyExists,
+                       lone + ".pub already exists"));
+  EXPECT_EQ(::access((lone + ".key").c_str(), F_OK), -1);
+  EXPECT_EQ(ReadAll(lone + ".pub"), "someone else's");
+}
+
+TEST_F(KeyFileTest, KeyPairPrefixMustNameAFile) {
+  // "" and "dir/" used to write the hidden files ".key"/".pub" and "dir/.key"/"dir/.pub".
+  const KeyPair kp = OrDie(GenerateKeyPair());
+  EXPECT_TRUE(HasError(SaveKeyPairFiles(kp, ""), StatusCode::kInvalidArgument,
+                       "no key file name (the prefix is empty)"));
+  for (const std::string& prefix : {dir_.path() + "/", dir_.path() + "/.", dir_.path() + "/..",
+                                    std::string("."), std::string("/")}) {
+    EXPECT_TRUE(HasError(SaveKeyPairFiles(kp, prefix), StatusCode::kInvalidArgument,
+                         "names a directory, not a file name"))
+        << prefix;
+  }
+  EXPECT_TRUE(HasError(KeyFilePathsFor(dir_.path() + "/"), StatusCode::kInvalidArgument,
+                       "add a name, e.g. " + dir_.path() + "/trainer"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_.path()),
+                          std::filesystem::directory_iterator()),
+            0);
 }
 
 TEST_F(KeyFileTest, KeysFromTheOpensslToolLoad) {
