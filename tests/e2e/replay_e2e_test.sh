@@ -78,7 +78,7 @@ for cfg in "4 blocks.1" "8 blocks.6"; do
   check_fault eps "$1" "$2" --steps 5 --inject-step 2 --capture-at-step 3
 done
 
-cap=$(record bad-data --steps 42 --inject bad-data --inject-step 40)
+cap=$(record bad-data --steps 57 --inject bad-data --inject-step 55)
 replay_json bad-data "$cap" --bisect
 rc=$?
 [ $rc -eq 1 ] && [ "$(field bad-data 'd["diagnosis"]')" = DATA_OR_MODEL ] ||

@@ -76,7 +76,7 @@ expect softmax-overflow "$work/softmax-overflow.json" 'd["trigger"]["kind"] == "
   'd["numerics"]["first_anomalous_layer"] == "blocks.1"' \
   'd["trigger"]["capture_rerun"] == "RERUN_REPRODUCED"'
 
-run_case bad-data 32 -step30-rank0-loss-spike.capsule --inject bad-data --inject-step 30
+run_case bad-data 57 -step55-rank0-loss-spike.capsule --inject bad-data --inject-step 55
 expect bad-data "$work/bad-data.json" 'd["trigger"]["kind"] == "LOSS_SPIKE"' \
   'd["trigger"]["capture_rerun"] == "RERUN_REPRODUCED"'
 

@@ -26,7 +26,7 @@ expect_divergence_bars=3
 
 html="$artifacts/full.html"
 png="$artifacts/full.png"
-rm -f "$png"
+rm -f "$png" "$html"  # report -o never replaces an existing file
 "$capsule_bin" report "$src/samples/golden/valid/full.capsule" \
   --pubkey "$src/samples/keys/test-only.pub" --format html \
   --replay-json "$src/tests/report/golden/full.replay.json" -o "$html" || {
