@@ -11,6 +11,7 @@
 #include "capsule/base/file_util.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
+#include "capsule/format/internal/wire_limits.h"
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/format/validate.h"
 #include "capsule/proto/capsule.pb.h"
@@ -43,6 +44,12 @@ StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptio
     if (coded.HadError() || static_cast<size_t>(coded.ByteCount()) != size) {
       return InternalError("cannot serialize the capsule");
     }
+  }
+  // A capsule the default reader would refuse is refused here, while the writer can still say so.
+  {
+    Status limits =
+        internal::CheckWireLimits(std::string_view(serialized.get(), size), ContentLimits());
+    if (!limits.ok()) return limits.WithContext("refusing to write a capsule readers refuse");
   }
   internal::CompressOptions copts;
   copts.level = options.compression_level;

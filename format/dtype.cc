@@ -47,8 +47,10 @@ std::string DTypeName(int dtype) {
       return "uint8";
     case v1::BOOL:
       return "bool";
-    default:
+    case v1::DTYPE_UNSPECIFIED:
       return "unspecified";
+    default:
+      return "unknown(" + std::to_string(dtype) + ")";
   }
 }
 

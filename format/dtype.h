@@ -16,7 +16,8 @@ namespace capsule {
 
 // Bytes per element of a capsule.v1.DType value; 0 for DTYPE_UNSPECIFIED or an unknown value.
 int DTypeElementSize(int dtype);
-// "float32", "bfloat16", ...; "unspecified" for 0.
+// "float32", "bfloat16", ...; "unspecified" for 0, "unknown(99)" for a value capsule.proto does
+// not define.
 std::string DTypeName(int dtype);
 
 }  // namespace capsule

@@ -13,8 +13,11 @@
 //           directories are replaced by "<redacted>" in log lines, error, backtrace, trigger
 //           message and config_text;
 //   host    Environment.hostname is cleared.
-// Capsule.redaction records the union of the items dropped so far, the time and the SHA-256 of the
-// source file. Redacting twice with the same items gives the same content (except that record).
+// Whatever the items, every field the schema does not define (unknown fields, at any depth) is
+// dropped as well: a redactor cannot tell whether a field it cannot read is private.
+// Capsule.redaction records the union of the items dropped so far, the time, the SHA-256 of the
+// source file and the bytes of unknown fields dropped. Redacting twice with the same items gives
+// the same content (except that record).
 //
 //   capsule::RedactOptions options;
 //   options.text = options.tokens = true;

@@ -25,9 +25,14 @@ std::string ShapeString(const v1::TensorMeta& meta) {
   return s + "]";
 }
 
+// Bound on every element count and position a TensorMeta implies: 2^36 elements is 256 GiB of
+// float32, beyond what one device holds, and keeps every sum below from overflowing.
+constexpr int64_t kMaxElements = int64_t{1} << 36;
+
 Status ValidateMeta(const std::string& where, const v1::TensorMeta& meta, int64_t* numel) {
-  if (meta.dtype() == v1::DTYPE_UNSPECIFIED || DTypeElementSize(meta.dtype()) == 0) {
-    return Invalid(where, "dtype is unspecified");
+  if (meta.dtype() == v1::DTYPE_UNSPECIFIED) return Invalid(where, "dtype is unspecified");
+  if (DTypeElementSize(meta.dtype()) == 0) {
+    return Invalid(where, "dtype " + std::to_string(meta.dtype()) + " is unknown");
   }
   if (meta.strides_size() != 0 && meta.strides_size() != meta.shape_size()) {
     return Invalid(where, "strides and shape have different ranks");
@@ -35,11 +40,32 @@ Status ValidateMeta(const std::string& where, const v1::TensorMeta& meta, int64_
   int64_t n = 1;
   for (int64_t d : meta.shape()) {
     if (d < 0) return Invalid(where, "negative dimension in shape");
-    // 2^48 elements is far beyond any tensor a capsule can hold; it keeps n from overflowing.
-    if (d != 0 && n > (int64_t{1} << 48) / d) return Invalid(where, "shape is too large");
+    if (d != 0 && n > kMaxElements / d) return Invalid(where, "shape is too large");
     n *= d;
   }
   if (meta.storage_offset() < 0) return Invalid(where, "negative storage offset");
+  if (meta.storage_offset() >= kMaxElements) {
+    return Invalid(where, "storage offset " + std::to_string(meta.storage_offset()) +
+                              " is beyond any storage (at most 2^36 elements)");
+  }
+  // The last element the strides address, offset + sum((shape[i] - 1) * stride[i]), must lie
+  // inside a storage of at most 2^36 elements. Each product is compared before it is formed.
+  int64_t last = meta.storage_offset();
+  for (int i = 0; i < meta.strides_size(); ++i) {
+    const int64_t stride = meta.strides(i);
+    if (stride < 0) return Invalid(where, "negative stride");
+    if (stride > kMaxElements) {
+      return Invalid(where, "stride " + std::to_string(stride) +
+                                " is beyond any storage (at most 2^36 elements)");
+    }
+    const int64_t steps = n == 0 ? 0 : meta.shape(i) - 1;  // an empty tensor addresses nothing
+    if (steps > 0 && stride > (kMaxElements - 1 - last) / steps) {
+      return Invalid(where,
+                     "strides and storage offset address elements beyond any storage (at most "
+                     "2^36 elements)");
+    }
+    last += steps * stride;
+  }
   *numel = n;
   return Status::Ok();
 }
@@ -135,11 +161,65 @@ bool StringsAreUtf8(const google::protobuf::Message& m, std::string* where) {
   return true;
 }
 
+// Every enum field (and repeated enum element) holds a value capsule.proto defines. proto3 enums
+// are open: parsing keeps 99 in trigger.kind, and each consumer would meet it in a switch.
+// Returns false and the field's path at the first unknown value.
+bool EnumsAreKnown(const google::protobuf::Message& m, std::string* where) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const bool is_enum = f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM;
+    if (!is_enum && f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const std::string at = f->name() + (f->is_repeated() ? "[" + std::to_string(i) + "]" : "");
+      if (is_enum) {
+        const int v = f->is_repeated() ? r->GetRepeatedEnumValue(m, f, i) : r->GetEnumValue(m, f);
+        if (f->enum_type()->FindValueByNumber(v) == nullptr) {
+          *where = at + ": " + std::to_string(v) + " is not a known " + f->enum_type()->name() +
+                   " value";
+          return false;
+        }
+        continue;
+      }
+      std::string inner;
+      if (!EnumsAreKnown(f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f),
+                         &inner)) {
+        *where = at + "." + inner;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Timestamps in microseconds since the epoch: before 2000 or from 2200 on is no capture time
+// (a clock read as seconds or nanoseconds, INT64_MIN/MAX, or garbage).
+constexpr int64_t kMinUnixMicros = int64_t{946684800} * 1000000;   // 2000-01-01T00:00:00Z
+constexpr int64_t kMaxUnixMicros = int64_t{7258118400} * 1000000;  // 2200-01-01T00:00:00Z
+bool IsSaneTime(int64_t micros) { return micros >= kMinUnixMicros && micros < kMaxUnixMicros; }
+constexpr const char kTimeRange[] = "between 2000-01-01 and 2200-01-01 (microseconds since 1970)";
+
 }  // namespace
 
 Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   if (c.writer_version().empty()) return Invalid("writer_version", "must be set");
-  if (c.created_unix_micros() <= 0) return Invalid("created_unix_micros", "must be > 0");
+  if (!IsSaneTime(c.created_unix_micros())) {
+    return Invalid("created_unix_micros", std::string("must be a time ") + kTimeRange + ", not " +
+                                              std::to_string(c.created_unix_micros()));
+  }
+  if (c.trigger().wall_time_unix_micros() != 0 &&
+      !IsSaneTime(c.trigger().wall_time_unix_micros())) {
+    return Invalid("trigger.wall_time_unix_micros",
+                   std::string("must be 0 (unset) or a time ") + kTimeRange);
+  }
+  if (c.redaction().redacted_unix_micros() != 0 &&
+      !IsSaneTime(c.redaction().redacted_unix_micros())) {
+    return Invalid("redaction.redacted_unix_micros",
+                   std::string("must be 0 (unset) or a time ") + kTimeRange);
+  }
   if (!c.has_trigger() || c.trigger().kind() == v1::TRIGGER_KIND_UNSPECIFIED) {
     return Invalid("trigger.kind", "must be set");
   }
@@ -221,6 +301,27 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   if (num.first_anomalous_index() < -1) {
     return Invalid("numerics.first_anomalous_index", "must be >= -1");
   }
+  if (num.first_anomalous_layer().empty()) {
+    // -1 says "none"; 0 is what a writer that never set it leaves.
+    if (num.first_anomalous_index() > 0) {
+      return Invalid("numerics.first_anomalous_index",
+                     "must be -1 when first_anomalous_layer is empty");
+    }
+  } else {
+    bool found = false;
+    for (const v1::LayerStats& l : num.layers()) {
+      found = found ||
+              (l.name() == num.first_anomalous_layer() && l.index() == num.first_anomalous_index());
+    }
+    if (!found) {
+      return Invalid("numerics.first_anomalous_layer",
+                     "names no layer in numerics.layers (" + num.first_anomalous_layer() +
+                         " at index " + std::to_string(num.first_anomalous_index()) + ")");
+    }
+    if (num.first_anomalous_phase() == v1::PHASE_UNSPECIFIED) {
+      return Invalid("numerics.first_anomalous_phase", "must be set with first_anomalous_layer");
+    }
+  }
 
   std::set<std::string> tensor_names;
   for (int i = 0; i < c.tensors_size(); ++i) {
@@ -259,6 +360,7 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     if (kDroppable.count(d) == 0) return Invalid("redaction.dropped", "unknown item " + d);
   }
   std::string where;
+  if (!EnumsAreKnown(c, &where)) return InvalidArgumentError(where);
   if (!StringsAreUtf8(c, &where)) {
     return Invalid(where, "is not valid UTF-8 (string fields must be; a reader cannot parse it)");
   }

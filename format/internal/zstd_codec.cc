@@ -2,6 +2,7 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <memory>
 
 namespace capsule::internal {
@@ -53,13 +54,25 @@ StatusOr<FrameInfo> ZstdFrameInfo(std::string_view frame) {
   const uint32_t magic = u[0] | u[1] << 8 | u[2] << 16 | static_cast<uint32_t>(u[3]) << 24;
   if (magic != kZstdMagic) return DataLossError("payload is not a zstd frame (bad magic)");
   FrameInfo info;
-  info.has_checksum = (u[4] & 0x04) != 0;  // Frame_Header_Descriptor bit 2
+  const unsigned fhd = u[4];  // Frame_Header_Descriptor
+  info.has_checksum = (fhd & 0x04) != 0;
+  const bool single_segment = (fhd & 0x20) != 0;
   const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (content == ZSTD_CONTENTSIZE_ERROR) return DataLossError("corrupt zstd frame header");
   if (content == ZSTD_CONTENTSIZE_UNKNOWN) {
     return DataLossError("zstd frame does not declare its content size");
   }
   info.content_size = content;
+  // Window_Descriptor (RFC 8878 §3.1.1.1.2): the byte after the descriptor, absent for a
+  // single-segment frame, whose window is its content size.
+  if (single_segment) {
+    info.window_size = content;
+  } else {
+    const unsigned wd = u[5];  // present: ZSTD_getFrameContentSize read the whole header
+    const uint64_t base = uint64_t{1} << (10 + (wd >> 3));
+    info.window_size = base + (base / 8) * (wd & 7);
+  }
+  info.dictionary_id = ZSTD_getDictID_fromFrame(frame.data(), frame.size());
   const size_t csize = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
   if (ZSTD_isError(csize)) return DataLossError("zstd frame is truncated or malformed");
   info.compressed_size = csize;
@@ -81,6 +94,15 @@ Status ZstdCheckFrame(std::string_view frame, uint64_t expected_size, uint64_t m
   if (info.compressed_size != frame.size()) {
     return DataLossError("payload holds bytes after its zstd frame");
   }
+  if (info.dictionary_id != 0) {
+    return DataLossError("zstd frame needs dictionary " + std::to_string(info.dictionary_id) +
+                         "; capsules use none");
+  }
+  if (info.window_size > kMaxWindowSize) {
+    return ResourceExhaustedError("zstd frame needs a window of " +
+                                  std::to_string(info.window_size) + " bytes, over the limit of " +
+                                  std::to_string(kMaxWindowSize) + " (zstd's default)");
+  }
   return Status::Ok();
 }
 
@@ -89,6 +111,8 @@ Status ZstdDecompressInto(std::string_view frame, char* out, uint64_t expected_s
   CAPSULE_RETURN_IF_ERROR(ZstdCheckFrame(frame, expected_size, max_size));
   std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx(ZSTD_createDCtx());
   if (!dctx) return ResourceExhaustedError("zstd: cannot allocate a decompression context");
+  // Already checked from the header; set as well so the decoder itself holds to it.
+  ZSTD_DCtx_setParameter(dctx.get(), ZSTD_d_windowLogMax, 27);
   const size_t n = ZSTD_decompressDCtx(dctx.get(), out, expected_size, frame.data(), frame.size());
   if (ZSTD_isError(n)) return DataLossError("corrupt payload: zstd: " + ZstdError(n));
   if (n != expected_size) return DataLossError("zstd frame decompressed to the wrong size");
@@ -101,6 +125,31 @@ StatusOr<std::string> ZstdDecompress(std::string_view frame, uint64_t expected_s
   std::string out(expected_size, '\0');
   CAPSULE_RETURN_IF_ERROR(ZstdDecompressInto(frame, out.data(), expected_size, max_size));
   return out;
+}
+
+Status ZstdDecompressInSteps(std::string_view frame, char* out, uint64_t expected_size,
+                             uint64_t max_size, uint64_t step,
+                             const std::function<Status(uint64_t done)>& progress) {
+  CAPSULE_RETURN_IF_ERROR(ZstdCheckFrame(frame, expected_size, max_size));
+  std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx(ZSTD_createDCtx());
+  if (!dctx) return ResourceExhaustedError("zstd: cannot allocate a decompression context");
+  // Streaming keeps a window buffer of the frame's window size; ZstdCheckFrame bounded it.
+  ZSTD_DCtx_setParameter(dctx.get(), ZSTD_d_windowLogMax, 27);
+  ZSTD_inBuffer in{frame.data(), frame.size(), 0};
+  ZSTD_outBuffer o{out, 0, 0};
+  for (;;) {
+    o.size = static_cast<size_t>(std::min<uint64_t>(expected_size, o.pos + step));
+    const size_t in_before = in.pos, out_before = o.pos;
+    const size_t left = ZSTD_decompressStream(dctx.get(), &o, &in);
+    if (ZSTD_isError(left)) return DataLossError("corrupt payload: zstd: " + ZstdError(left));
+    CAPSULE_RETURN_IF_ERROR(progress(o.pos));
+    if (left == 0) break;  // the frame is complete and its checksum verified
+    if (in.pos == in_before && o.pos == out_before) {
+      return DataLossError("zstd frame is truncated or malformed");
+    }
+  }
+  if (o.pos != expected_size) return DataLossError("zstd frame decompressed to the wrong size");
+  return Status::Ok();
 }
 
 std::string ZstdVersion() { return ZSTD_versionString(); }

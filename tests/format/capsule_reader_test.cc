@@ -577,14 +577,20 @@ TEST_F(ReaderRulesTest, ValidProtobufInvalidContent) {
       HasError(Decode(SealedMessage("")), StatusCode::kInvalidArgument, "invalid capsule content"));
 }
 
-TEST_F(ReaderRulesTest, ValidationCanBeTurnedOff) {
+TEST_F(ReaderRulesTest, ValidationCannotBeTurnedOff) {
+  // `verify` without --deep set validate = false and accepted content no other command can use
+  // (trigger.kind 99, a first anomalous layer that does not exist). Every read checks the rules.
   v1::Capsule c = MakeMinimalCapsule();
   c.clear_trigger();
   ReadOptions o = Strict();
   o.validate = false;
-  StatusOr<DecodedCapsule> d = DecodeCapsule(SealedMessage(SerializeDeterministic(c)), o);
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_FALSE(d->capsule->has_trigger());
+  EXPECT_TRUE(HasError(DecodeCapsule(SealedMessage(SerializeDeterministic(c)), o),
+                       StatusCode::kInvalidArgument, "invalid capsule content: trigger.kind"));
+  c = MakeMinimalCapsule();
+  c.mutable_trigger()->set_kind(static_cast<v1::TriggerKind>(99));
+  EXPECT_TRUE(HasError(DecodeCapsule(SealedMessage(SerializeDeterministic(c)), o),
+                       StatusCode::kInvalidArgument,
+                       "invalid capsule content: trigger.kind: 99 is not a known TriggerKind"));
 }
 
 TEST_F(ReaderRulesTest, TensorDigestsAreCheckedOnlyWhenAsked) {

@@ -308,6 +308,7 @@ v1::Capsule MakeFullCapsule() {
   red->add_dropped("host");
   red->set_redacted_unix_micros(1700000000999999);
   red->set_source_sha256(Sha256Hex("source capsule"));
+  red->set_unknown_field_bytes_dropped(17);
 
   (*c.mutable_annotations())["experiment"] = "exp-42";
   (*c.mutable_annotations())["owner"] = "numerics";

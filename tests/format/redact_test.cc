@@ -163,6 +163,50 @@ TEST_F(RedactTest, PayloadHoldsNoTextAndNoTokens) {
   EXPECT_EQ(payload.find("gpu-node-17"), std::string::npos);
 }
 
+TEST_F(RedactTest, UnknownFieldsAreDroppedAtEveryDepthWhateverTheItems) {
+  // A newer writer's field 100 holding private text, at the top and inside a sequence and the
+  // log: the redacted, re-signed capsule said REDACTED and still carried it.
+  v1::Capsule c = MakePrivateCapsule();
+  uint64_t added = 0;  // serialized bytes: a 2-byte tag, a 1-byte length, the text
+  auto add_unknown = [&](google::protobuf::Message* m, const std::string& text) {
+    m->GetReflection()->MutableUnknownFields(m)->AddLengthDelimited(100, text);
+    added += 3 + text.size();
+  };
+  add_unknown(&c, "SECRET top-level field of a newer writer");
+  add_unknown(c.mutable_data()->mutable_sequences(1), "SECRET inside sequence 1");
+  add_unknown(c.mutable_log(), "SECRET inside the log record");
+  c.mutable_environment()
+      ->GetReflection()
+      ->MutableUnknownFields(c.mutable_environment())
+      ->AddVarint(101, 12345);
+  added += 2 + 2;
+  WriteOptions w;
+  w.signing_key = &source_key_;
+  const std::string source = OrDie(EncodeCapsule(c, w));
+  ASSERT_NE(Payload(source).find("SECRET inside sequence 1"), std::string::npos);
+  ASSERT_NE(Payload(source).find("SECRET top-level"), std::string::npos);
+
+  for (const char* items : {"host", "text,tokens,paths,host"}) {
+    const std::string out = Redact(source, items);
+    const std::string payload = Payload(out);
+    EXPECT_EQ(payload.find("SECRET"), std::string::npos) << items;
+    const v1::Capsule r = Read(out);
+    EXPECT_TRUE(r.GetReflection()->GetUnknownFields(r).empty());
+    // The length prefixes of the messages that held them keep their size at these sizes.
+    EXPECT_EQ(r.redaction().unknown_field_bytes_dropped(), added) << items;
+  }
+}
+
+TEST_F(RedactTest, UnknownFieldBytesDroppedAccumulate) {
+  v1::Capsule c = MakePrivateCapsule();
+  c.GetReflection()->MutableUnknownFields(&c)->AddLengthDelimited(100, "0123456789");
+  WriteOptions w;
+  w.signing_key = &source_key_;
+  const std::string once = Redact(OrDie(EncodeCapsule(c, w)), "host");
+  EXPECT_EQ(Read(once).redaction().unknown_field_bytes_dropped(), 13u);
+  EXPECT_EQ(Read(Redact(once, "host")).redaction().unknown_field_bytes_dropped(), 13u);
+}
+
 TEST_F(RedactTest, VerifiesWithTheRedactingKeyAndRecordsWhatWasDropped) {
   const std::string out = Redact(source_bytes_, "tokens,host");
   ReadOptions by_source;

@@ -17,6 +17,7 @@ namespace capsule::test {
 namespace {
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
 
 TEST(ValidateTest, SampleCapsulesAreValid) {
   EXPECT_TRUE(ValidateCapsule(MakeFullCapsule()).ok()) << ValidateCapsule(MakeFullCapsule());
@@ -52,7 +53,7 @@ TEST(ValidateTest, DTypeSizesAndNames) {
   EXPECT_EQ(DTypeElementSize(999), 0);
   EXPECT_EQ(DTypeName(v1::BFLOAT16), "bfloat16");
   EXPECT_EQ(DTypeName(v1::DTYPE_UNSPECIFIED), "unspecified");
-  EXPECT_EQ(DTypeName(999), "unspecified");
+  EXPECT_EQ(DTypeName(999), "unknown(999)");
 }
 
 struct Rule {
@@ -74,9 +75,105 @@ const Rule kRules[] = {
     {"WriterVersionUnset", [](v1::Capsule* c) { c->clear_writer_version(); },
      "writer_version: must be set"},
     {"CreatedTimeZero", [](v1::Capsule* c) { c->set_created_unix_micros(0); },
-     "created_unix_micros: must be > 0"},
+     "created_unix_micros: must be a time between 2000-01-01 and 2200-01-01"},
     {"CreatedTimeNegative", [](v1::Capsule* c) { c->set_created_unix_micros(-5); },
-     "created_unix_micros: must be > 0"},
+     "created_unix_micros: must be a time between 2000-01-01 and 2200-01-01"},
+    {"CreatedTimeInt64Max", [](v1::Capsule* c) { c->set_created_unix_micros(kInt64Max); },
+     "created_unix_micros: must be a time between"},
+    {"CreatedTimeInt64Min", [](v1::Capsule* c) { c->set_created_unix_micros(kInt64Min); },
+     "created_unix_micros: must be a time between"},
+    {"CreatedTimeBefore2000",
+     [](v1::Capsule* c) { c->set_created_unix_micros(int64_t{946684800} * 1000000 - 1); },
+     "created_unix_micros: must be a time between"},
+    {"CreatedTimeIn2200",
+     [](v1::Capsule* c) { c->set_created_unix_micros(int64_t{7258118400} * 1000000); },
+     "created_unix_micros: must be a time between"},
+    {"CreatedTimeInSeconds", [](v1::Capsule* c) { c->set_created_unix_micros(1700000000); },
+     "created_unix_micros: must be a time between"},
+    {"TriggerWallTimeAbsurd",
+     [](v1::Capsule* c) { c->mutable_trigger()->set_wall_time_unix_micros(kInt64Max); },
+     "trigger.wall_time_unix_micros: must be 0 (unset) or a time between 2000-01-01"},
+    {"RedactionTimeAbsurd",
+     [](v1::Capsule* c) { c->mutable_redaction()->set_redacted_unix_micros(kInt64Min); },
+     "redaction.redacted_unix_micros: must be 0 (unset) or a time between 2000-01-01"},
+    {"TriggerKindUnknown",
+     [](v1::Capsule* c) { c->mutable_trigger()->set_kind(static_cast<v1::TriggerKind>(99)); },
+     "trigger.kind: 99 is not a known TriggerKind value"},
+    {"RerunUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_trigger()->set_capture_rerun(static_cast<v1::Reproduction>(-3));
+     },
+     "trigger.capture_rerun: -3 is not a known Reproduction value"},
+    {"RngKindUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_rng()->mutable_generators(1)->set_kind(static_cast<v1::RngKind>(4));
+     },
+     "rng.generators[1].kind: 4 is not a known RngKind value"},
+    {"LayerPhaseUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->mutable_layers(2)->set_phase(static_cast<v1::Phase>(3));
+     },
+     "numerics.layers[2].phase: 3 is not a known Phase value"},
+    {"ExecutionPathUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_model()->set_trainer_path(static_cast<v1::ExecutionPath>(9));
+     },
+     "model.trainer_path: 9 is not a known ExecutionPath value"},
+    {"WeightPolicyUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_model()->set_weight_policy(static_cast<v1::WeightPolicy>(7));
+     },
+     "model.weight_policy: 7 is not a known WeightPolicy value"},
+    {"TensorRoleUnknown",
+     [](v1::Capsule* c) { Tensor(c, 1)->set_role(static_cast<v1::TensorRole>(100)); },
+     "tensors[1].role: 100 is not a known TensorRole value"},
+    {"TensorDtypeUnknown",
+     [](v1::Capsule* c) { Tensor(c, 0)->mutable_meta()->set_dtype(static_cast<v1::DType>(99)); },
+     "tensors[0] (input_ids): dtype 99 is unknown"},
+    {"TensorNegativeStride",
+     [](v1::Capsule* c) { Tensor(c, 0)->mutable_meta()->set_strides(1, -1); },
+     "tensors[0] (input_ids): negative stride"},
+    {"TensorStrideBeyondAnyStorage",
+     [](v1::Capsule* c) {
+       // A 1-element tensor whose stride points 10^12 elements on.
+       v1::TensorBlob* one = c->add_tensors();
+       SetTensor(one, "one", v1::FLOAT32, {1}, std::string(4, '\0'));
+       one->mutable_meta()->set_strides(0, int64_t{1000000000000});
+     },
+     "tensors[2] (one): stride 1000000000000 is beyond any storage"},
+    {"TensorStorageOffsetBeyondAnyStorage",
+     [](v1::Capsule* c) { Tensor(c, 0)->mutable_meta()->set_storage_offset(int64_t{1} << 62); },
+     "tensors[0] (input_ids): storage offset 4611686018427387904 is beyond any storage"},
+    {"TensorStridesAddressBeyondAnyStorage",
+     [](v1::Capsule* c) {
+       v1::TensorMeta* m = Tensor(c, 0)->mutable_meta();  // int64[2,4]
+       m->set_strides(0, int64_t{1} << 35);
+       m->set_storage_offset((int64_t{1} << 35) + 5);
+     },
+     "tensors[0] (input_ids): strides and storage offset address elements beyond any storage"},
+    {"LayerMetaStorageOffsetBeyondAnyStorage",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->mutable_layers(1)->mutable_meta()->set_storage_offset(kInt64Max);
+     },
+     "numerics.layers[1] (blocks.0).meta: storage offset 9223372036854775807 is beyond"},
+    {"FirstAnomalousLayerNamesNoLayer",
+     [](v1::Capsule* c) { c->mutable_numerics()->set_first_anomalous_layer("blocks.9"); },
+     "numerics.first_anomalous_layer: names no layer in numerics.layers (blocks.9 at index 1)"},
+    {"FirstAnomalousIndexNamesNoLayer",
+     [](v1::Capsule* c) { c->mutable_numerics()->set_first_anomalous_index(2147483647); },
+     "numerics.first_anomalous_layer: names no layer in numerics.layers (blocks.0 at index "
+     "2147483647)"},
+    {"FirstAnomalousIndexWithoutALayer",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->clear_first_anomalous_layer();
+       c->mutable_numerics()->set_first_anomalous_index(2147483647);
+     },
+     "numerics.first_anomalous_index: must be -1 when first_anomalous_layer is empty"},
+    {"FirstAnomalousPhaseUnset",
+     [](v1::Capsule* c) {
+       c->mutable_numerics()->set_first_anomalous_phase(v1::PHASE_UNSPECIFIED);
+     },
+     "numerics.first_anomalous_phase: must be set with first_anomalous_layer"},
     {"TriggerMissing", [](v1::Capsule* c) { c->clear_trigger(); }, "trigger.kind: must be set"},
     {"TriggerKindUnspecified",
      [](v1::Capsule* c) { c->mutable_trigger()->set_kind(v1::TRIGGER_KIND_UNSPECIFIED); },
@@ -173,7 +270,7 @@ const Rule kRules[] = {
        c->mutable_numerics()->mutable_layers(0)->mutable_meta()->set_dtype(
            static_cast<v1::DType>(77));
      },
-     "dtype is unspecified"},
+     "numerics.layers[0] (embed).meta: dtype 77 is unknown"},
     {"LayerMetaStridesRank",
      [](v1::Capsule* c) {
        c->mutable_numerics()->mutable_layers(0)->mutable_meta()->add_strides(1);
@@ -329,13 +426,22 @@ TEST(ValidateTest, EdgeValuesThatAreValid) {
   v1::Capsule c = MakeFullCapsule();
   c.mutable_placement()->set_world_size(0);  // unknown world size: any rank >= 0
   c.mutable_placement()->set_rank(12);
-  c.mutable_numerics()->set_first_anomalous_index(-1);
-  Seq(&c)->clear_attention_mask();  // empty mask = all ones
+  c.mutable_numerics()->set_first_anomalous_index(-1);  // none, as the Monitor writes it
+  c.mutable_numerics()->clear_first_anomalous_layer();
+  c.mutable_numerics()->clear_first_anomalous_phase();
+  c.mutable_trigger()->clear_wall_time_unix_micros();  // 0: unset
+  c.mutable_redaction()->clear_redacted_unix_micros();
+  c.set_created_unix_micros(int64_t{946684800} * 1000000);  // 2000-01-01, the first valid time
+  Seq(&c)->clear_attention_mask();                          // empty mask = all ones
   Seq(&c)->clear_token_ids_sha256();
   v1::TensorBlob* empty = c.add_tensors();
   SetTensor(empty, "empty", v1::FLOAT32, {0, 5}, "");
   v1::TensorBlob* scalar = c.add_tensors();
   SetTensor(scalar, "scalar", v1::BOOL, {}, std::string(1, '\x01'));
+  v1::TensorBlob* view = c.add_tensors();  // a column of a [2^17, 2^18] storage, at its end
+  SetTensor(view, "view", v1::FLOAT32, {int64_t{1} << 17}, std::string(size_t{4} << 17, '\0'));
+  view->mutable_meta()->set_strides(0, int64_t{1} << 18);
+  view->mutable_meta()->set_storage_offset((int64_t{1} << 18) - 1);
   v1::HealthStats* s = Stats(&c);
   s->set_numel(0);
   s->set_nan_count(0);

@@ -193,6 +193,15 @@ TEST_F(ZstdBombEnvelopeTest, HeaderOverstatingTheFrameIsDataLoss) {
                        "zstd frame declares 4096 bytes but the header says 1048576"));
 }
 
+TEST_F(ZstdBombEnvelopeTest, CompressionRatioGuardRefusesWithTheCapLifted) {
+  ReadOptions o = Strict();
+  o.max_uncompressed_bytes = std::numeric_limits<uint64_t>::max();
+  o.max_compression_ratio = 4096;
+  EXPECT_TRUE(HasError(DecodeCapsule(Sealed(RleFrame(kHundredGb), kHundredGb), o),
+                       StatusCode::kResourceExhausted,
+                       "a compression ratio over the limit of 4096:1 (a decompression bomb?)"));
+}
+
 TEST_F(ZstdBombEnvelopeTest, NoCapStillDoesNotAllocate) {
   // With the caller's cap lifted, an unfinished frame is still found out from its structure and
   // a complete one by protobuf's own 2 GiB limit, never by allocating 100 GB.

@@ -1,9 +1,5 @@
 #include "tests/fuzz/decode_capsule_fuzzer.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <google/protobuf/stubs/logging.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -14,41 +10,17 @@
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
 #include "capsule/format/internal/little_endian.h"
-#include "capsule/format/internal/zstd_codec.h"
+#include "capsule/format/internal/wire_limits.h"
 #include "capsule/format/validate.h"
 #include "capsule/proto/capsule.pb.h"
+#include "tests/fuzz/fuzz_common.h"
 
 namespace capsule::fuzz {
-using ::capsule::internal::LoadLe32;
-using ::capsule::internal::LoadLe64;
-using ::capsule::internal::StoreLe32;
 namespace {
 
 // Inputs larger than this are only decoded as they are: re-sealing and round trips of big inputs
 // slow the fuzzer without reaching new code.
 constexpr size_t kMaxDeepInput = 1 << 20;
-
-[[noreturn]] void Fail(const char* what, const Status& status) {
-  std::fprintf(stderr, "fuzz invariant broken: %s (%s)\n", what, status.ToString().c_str());
-  std::abort();
-}
-
-// FuzzReadOptions() derives the public key each call; the fuzzer needs it once.
-const ReadOptions& CachedFuzzOptions() {
-  static const ReadOptions* const options = new ReadOptions(FuzzReadOptions());
-  return *options;
-}
-
-std::string SerializeDeterministic(const v1::Capsule& capsule) {
-  std::string out;
-  {
-    google::protobuf::io::StringOutputStream stream(&out);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    capsule.SerializeToCodedStream(&coded);
-  }
-  return out;
-}
 
 // Decodes and checks what must hold whatever the input: no internal errors, and an accepted
 // capsule is complete, consistent with its envelope and valid.
@@ -72,46 +44,14 @@ StatusOr<DecodedCapsule> CheckedDecode(std::string_view bytes, const ReadOptions
   if (d->envelope.signature == SignatureState::kNotChecked && !options.allow_untrusted) {
     Fail("accepted untrusted", Status());
   }
-  if (options.validate) {
-    ValidateOptions v;
-    v.verify_tensor_digests = options.verify_tensor_digests;
-    const Status s = ValidateCapsule(*d->capsule, v);
-    if (!s.ok()) Fail("accepted an invalid capsule", s);
-  }
+  ValidateOptions v;
+  v.verify_tensor_digests = options.verify_tensor_digests;
+  const Status s = ValidateCapsule(*d->capsule, v);
+  if (!s.ok()) Fail("accepted an invalid capsule", s);
+  const Status limits =
+      internal::CheckWireLimits(SerializeDeterministic(*d->capsule), options.limits);
+  if (!limits.ok()) Fail("accepted a capsule over the content limits", limits);
   return d;
-}
-
-// Header ‖ payload of a capsule-shaped input under an unsigned trailer with a matching digest;
-// nullopt when the header's sizes do not lay out inside the input.
-std::optional<std::string> ResealUnsigned(std::string_view bytes) {
-  if (bytes.size() < kHeaderSizeV1) return std::nullopt;
-  const uint64_t header_size = LoadLe32(&bytes[kOffHeaderSize]);
-  const uint64_t payload_size = LoadLe64(&bytes[kOffPayloadSize]);
-  if (header_size < kHeaderSizeV1 || header_size > bytes.size() ||
-      payload_size > bytes.size() - header_size) {
-    return std::nullopt;
-  }
-  const std::string_view header = bytes.substr(0, header_size);
-  const std::string_view payload = bytes.substr(header_size, payload_size);
-  std::string out(bytes.substr(0, header_size + payload_size));
-  char fixed[8] = {};  // algorithm none, no signature, reserved
-  out.append(fixed, sizeof(fixed));
-  out.append(kSha256Size, '\0');  // key id
-  out.append(Sha256(SignedMessage(header, payload)));
-  char tail[4];
-  StoreLe32(tail, kTrailerFixedSize);
-  out.append(tail, sizeof(tail));
-  out.append(kEndMagic);
-  return out;
-}
-
-// `serialized` compressed and sealed unsigned, as a writer with validation off would make it.
-std::string SealMessage(std::string_view serialized) {
-  StatusOr<std::string> frame = internal::ZstdCompress(serialized, internal::CompressOptions());
-  if (!frame.ok()) Fail("compressing", frame.status());
-  StatusOr<std::string> sealed = SealEnvelope(*frame, serialized.size(), SealOptions());
-  if (!sealed.ok()) Fail("sealing", sealed.status());
-  return *std::move(sealed);
 }
 
 // A message the reader accepted is accepted by the writer, and encoding it and reading it back
@@ -132,7 +72,7 @@ void CheckRoundTrip(const v1::Capsule& decoded, const ReadOptions& options) {
 void CheckWriterOutputIsReadable(std::string_view text) {
   v1::Capsule c;
   c.set_writer_version("0.1.0");
-  c.set_created_unix_micros(1);
+  c.set_created_unix_micros(1700000000000000);
   c.mutable_trigger()->set_kind(v1::MANUAL);
   c.mutable_step();
   const std::string t(text);
@@ -145,30 +85,32 @@ void CheckWriterOutputIsReadable(std::string_view text) {
     }
     return;
   }
-  const Status read = DecodeCapsule(*encoded, CachedFuzzOptions()).status();
+  const Status read = DecodeCapsule(*encoded, FuzzReadOptions()).status();
   if (!read.ok()) Fail("the reader refuses what the writer wrote", read);
 }
 
 void FuzzMessage(std::string_view serialized) {
-  const ReadOptions& options = CachedFuzzOptions();
+  const ReadOptions& options = FuzzReadOptions();
   StatusOr<DecodedCapsule> d = CheckedDecode(SealMessage(serialized), options);
-  // Whether the reader accepts must agree with parsing and validating directly.
+  // Whether the reader accepts must agree with the wire limits, parsing and validating directly.
+  const Status limits = internal::CheckWireLimits(serialized, options.limits);
   v1::Capsule direct;
   const bool parsed = direct.ParseFromArray(serialized.data(), static_cast<int>(serialized.size()));
+  // The wire pass calls corrupt only what protobuf cannot parse either.
+  if (limits.code() == StatusCode::kDataLoss && parsed) {
+    Fail("the wire pass refused what protobuf parses", limits);
+  }
   ValidateOptions v;
   v.verify_tensor_digests = options.verify_tensor_digests;
-  const bool valid = parsed && ValidateCapsule(direct, v).ok();
-  if (d.ok() != valid) Fail("reader and direct parse+validate disagree", d.status());
+  const bool valid = limits.ok() && parsed && ValidateCapsule(direct, v).ok();
+  if (d.ok() != valid) Fail("reader and direct limits+parse+validate disagree", d.status());
   if (d.ok()) CheckRoundTrip(*d->capsule, options);
 }
 
 void TestOneInput(std::string_view bytes) {
-  const ReadOptions* const kFuzzOptions = &CachedFuzzOptions();
+  const ReadOptions* const kFuzzOptions = &FuzzReadOptions();
   static const ReadOptions* const kDefaultOptions = new ReadOptions();
-  // protobuf logs every string field that is not UTF-8 to stderr; at a thousand inputs a second
-  // that is most of the fuzzer's time. The rejection itself is what the target checks.
-  static const bool kQuiet = (google::protobuf::SetLogHandler(nullptr), true);
-  (void)kQuiet;
+  QuietProtobuf();
 
   StatusOr<DecodedCapsule> d = CheckedDecode(bytes, *kFuzzOptions);
   const Status strict = CheckedDecode(bytes, *kDefaultOptions).status();
@@ -189,27 +131,6 @@ void TestOneInput(std::string_view bytes) {
 }
 
 }  // namespace
-
-PrivateKey FuzzSigningKey() {
-  // 32 public bytes: this key protects nothing.
-  static const char kSeed[] = "capsule fuzz corpus test key v1!";
-  static_assert(sizeof(kSeed) - 1 == kEd25519KeySize);
-  StatusOr<PrivateKey> key = PrivateKey::FromRaw(std::string_view(kSeed, kEd25519KeySize));
-  if (!key.ok()) Fail("fuzz key", key.status());
-  return *std::move(key);
-}
-
-ReadOptions FuzzReadOptions() {
-  ReadOptions o;
-  StatusOr<PublicKey> pub = FuzzSigningKey().GetPublicKey();
-  if (!pub.ok()) Fail("fuzz public key", pub.status());
-  o.trusted_keys.push_back(*pub);
-  o.allow_unsigned = true;
-  o.max_uncompressed_bytes = 1 << 20;
-  o.max_file_bytes = 1 << 20;
-  o.verify_tensor_digests = true;
-  return o;
-}
 
 Status DecodeForRegression(std::string_view bytes) {
   if (bytes.substr(0, kMagicSize) == kMagic) {

@@ -1,4 +1,5 @@
-// The DecodeCapsule fuzz target (README, "Building by hand"), shared by the libFuzzer binary
+// The DecodeCapsule fuzz target (README, "Building by hand"; the other targets are in
+// envelope_fuzzer.cc, read_fuzzer.cc and redact_fuzzer.cc), shared by the libFuzzer binary
 // (capsule_decode_fuzzer), the ctest regression driver (capsule_fuzz_regression) and the seed
 // corpus generator (capsule_fuzz_make_corpus).
 //
@@ -18,17 +19,10 @@
 #include <string_view>
 
 #include "capsule/base/status.h"
-#include "capsule/format/capsule_reader.h"
-#include "capsule/format/signing.h"
+#include "tests/fuzz/fuzz_common.h"
 
 namespace capsule::fuzz {
 
-// A fixed, public, TEST-ONLY key: the seed corpus is signed with it so the fuzzer reaches the
-// verified path. Anyone can sign with it; never trust it outside tests.
-PrivateKey FuzzSigningKey();
-// Trusts FuzzSigningKey(), allows unsigned capsules, caps decompression at 1 MiB and checks
-// tensor digests.
-ReadOptions FuzzReadOptions();
 // What the regression driver holds corpus files to: DecodeCapsule with FuzzReadOptions() for a
 // capsule file; for anything else, the input as a serialized message, compressed, sealed unsigned
 // and decoded.

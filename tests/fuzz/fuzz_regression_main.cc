@@ -1,10 +1,11 @@
-// Regression driver for the DecodeCapsule fuzz target: feeds every file of a corpus directory to
+// Regression driver for a fuzz target: feeds every file of a corpus directory to
 // LLVMFuzzerTestOneInput, as libFuzzer would, in a normal (non-fuzzer) build, so crashes once
-// found stay fixed under plain ctest.
+// found stay fixed under plain ctest. Built once per target (tests/fuzz/CMakeLists.txt).
 //
-// Seed names carry an expectation the driver also checks, so seeds cannot rot silently into
-// inputs that stop at the first check: "ok-*" must decode, "bad-*" must be rejected (see
-// capsule::fuzz::DecodeForRegression). Other files (crash reproducers) only must not crash.
+// Built for the DecodeCapsule target (CAPSULE_FUZZ_EXPECTATIONS), it also checks the expectation
+// seed names carry, so seeds cannot rot silently into inputs that stop at the first check:
+// "ok-*" must decode, "bad-*" must be rejected (see capsule::fuzz::DecodeForRegression). Other
+// files (crash reproducers) only must not crash.
 //
 //   capsule_fuzz_regression tests/fuzz/corpus
 #include <algorithm>
@@ -16,7 +17,11 @@
 #include <string>
 #include <vector>
 
+#ifdef CAPSULE_FUZZ_EXPECTATIONS
 #include "tests/fuzz/decode_capsule_fuzzer.h"
+#else
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+#endif
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -50,12 +55,16 @@ int main(int argc, char** argv) {
     LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
 
     const std::string name = path.filename().string();
+#ifdef CAPSULE_FUZZ_EXPECTATIONS
     const capsule::Status s = capsule::fuzz::DecodeForRegression(bytes);
     const bool want_ok = name.rfind("ok-", 0) == 0;
     const bool want_bad = name.rfind("bad-", 0) == 0;
     const bool wrong = (want_ok && !s.ok()) || (want_bad && s.ok());
     std::printf("%-4s %-40s %s\n", wrong ? "FAIL" : "ok", name.c_str(), s.ToString().c_str());
     if (wrong) ++failures;
+#else
+    std::printf("ok   %s\n", name.c_str());
+#endif
   }
   std::printf("%zu files, %d unexpected results\n", files.size(), failures);
   return failures == 0 ? 0 : 1;

@@ -7,6 +7,9 @@
 // "ok-*" files must decode and "bad-*" files must be rejected (the regression driver checks it).
 #include <zstd.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -18,7 +21,7 @@
 #include "capsule/format/internal/little_endian.h"
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/proto/capsule.pb.h"
-#include "tests/fuzz/decode_capsule_fuzzer.h"
+#include "tests/fuzz/fuzz_common.h"
 
 namespace capsule::fuzz {
 using ::capsule::internal::LoadLe64;
@@ -150,6 +153,61 @@ std::string BombFrame() {
   return out;
 }
 
+// One frame of `prefix` and `filler_size` copies of `filler`, compressed in 1 MiB pieces.
+std::string StreamFrame(std::string_view prefix, char filler, uint64_t filler_size) {
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 1);
+  ZSTD_CCtx_setPledgedSrcSize(cctx, prefix.size() + filler_size);
+  const std::string chunk(size_t{1} << 20, filler);
+  std::string out, buf(ZSTD_CStreamOutSize(), '\0');
+  auto feed = [&](std::string_view data, ZSTD_EndDirective mode) {
+    ZSTD_inBuffer in{data.data(), data.size(), 0};
+    for (bool done = false; !done;) {
+      ZSTD_outBuffer o{buf.data(), buf.size(), 0};
+      const size_t left = ZSTD_compressStream2(cctx, &o, &in, mode);
+      out.append(buf.data(), o.pos);
+      done = ZSTD_isError(left) || (mode == ZSTD_e_end ? left == 0 : in.pos == in.size);
+    }
+  };
+  feed(prefix, ZSTD_e_continue);
+  for (uint64_t done = 0; done < filler_size;) {
+    const uint64_t n = std::min<uint64_t>(chunk.size(), filler_size - done);
+    done += n;
+    feed(std::string_view(chunk).substr(0, n), done == filler_size ? ZSTD_e_end : ZSTD_e_continue);
+  }
+  ZSTD_freeCCtx(cctx);
+  return out;
+}
+
+std::string Varint(uint64_t v) {
+  std::string out;
+  for (; v >= 0x80; v >>= 7) out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+  out.push_back(static_cast<char>(v));
+  return out;
+}
+
+// Sealed with the fuzz key: the audit's "absurd but signed" capsules get past the signature.
+std::string SealSigned(std::string_view frame, uint64_t uncompressed, const PrivateKey& key) {
+  SealOptions o;
+  o.signing_key = &key;
+  return Must(SealEnvelope(frame, uncompressed, o));
+}
+
+// `frame` (single-segment) re-headed with a window of 2^window_log and a dictionary id.
+std::string Reheaded(const std::string& frame, int window_log, uint8_t dict_id) {
+  const auto* u = reinterpret_cast<const unsigned char*>(frame.data());
+  static constexpr size_t kFcsBytes[] = {1, 2, 4, 8};
+  const size_t header = 5 + kFcsBytes[u[4] >> 6];  // single segment, no dictionary
+  const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  std::string out = frame.substr(0, 4);
+  out.push_back(static_cast<char>((2u << 6) | (u[4] & 0x04) | (dict_id != 0 ? 1 : 0)));
+  out.push_back(static_cast<char>((window_log - 10) << 3));
+  if (dict_id != 0) out.push_back(static_cast<char>(dict_id));
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(content >> (8 * i)));
+  return out + frame.substr(header);
+}
+
 std::string Flip(std::string s, size_t offset) {
   s[offset] ^= 0x01;
   return s;
@@ -215,6 +273,84 @@ int Main(const std::string& dir) {
   wrong_digest.mutable_tensors(0)->set_sha256(Sha256Hex("other"));
   Write(dir, "bad-tensor-digest.capsule", Encode(wrong_digest, nullptr, 0, /*validate=*/false));
   Write(dir, "bad-bomb.capsule", SealUnsigned(BombFrame(), 100'000'000'000ull));
+
+  // Found by the audit of the reader: content that is absurd but signed.
+  auto absurd = [&](const char* name, auto edit) {
+    v1::Capsule c = Small();
+    edit(&c);
+    Write(dir, name, Encode(c, &key, 0, /*validate=*/false));
+  };
+  absurd("bad-absurd-trigger-kind.capsule",
+         [](v1::Capsule* c) { c->mutable_trigger()->set_kind(static_cast<v1::TriggerKind>(99)); });
+  absurd("bad-absurd-dtype.capsule", [](v1::Capsule* c) {
+    c->mutable_tensors(0)->mutable_meta()->set_dtype(static_cast<v1::DType>(99));
+  });
+  absurd("bad-absurd-stride.capsule", [](v1::Capsule* c) {
+    v1::TensorBlob* t = c->add_tensors();
+    t->set_name("one");
+    t->mutable_meta()->set_dtype(v1::FLOAT32);
+    t->mutable_meta()->add_shape(1);
+    t->mutable_meta()->add_strides(1000000000000);
+    t->set_data(std::string(4, '\0'));
+    t->set_sha256(Sha256Hex(t->data()));
+  });
+  absurd("bad-absurd-storage-offset.capsule", [](v1::Capsule* c) {
+    c->mutable_tensors(0)->mutable_meta()->set_storage_offset(int64_t{1} << 62);
+  });
+  absurd("bad-absurd-anomalous-index.capsule", [](v1::Capsule* c) {
+    c->mutable_numerics()->set_first_anomalous_layer("embed");
+    c->mutable_numerics()->set_first_anomalous_index(2147483647);
+    c->mutable_numerics()->set_first_anomalous_phase(v1::FORWARD);
+  });
+  absurd("bad-absurd-time.capsule", [](v1::Capsule* c) { c->set_created_unix_micros(INT64_MAX); });
+  absurd("bad-absurd-time-min.capsule",
+         [](v1::Capsule* c) { c->set_created_unix_micros(INT64_MIN); });
+
+  // Unknown fields: a few, at every depth (redaction must drop them), and too many.
+  v1::Capsule unknown = Small();
+  auto add_unknown = [](google::protobuf::Message* m, const std::string& text) {
+    m->GetReflection()->MutableUnknownFields(m)->AddLengthDelimited(100, text);
+  };
+  add_unknown(&unknown, "SECRET at the top");
+  add_unknown(unknown.mutable_data()->mutable_sequences(0), "SECRET inside a sequence");
+  add_unknown(unknown.mutable_numerics()->mutable_layers(0)->mutable_stats(), "SECRET deep");
+  Write(dir, "ok-unknown-fields.capsule", Encode(unknown, &key));
+  // Text a terminal or GitHub would act on, in every string the printers show: a forged
+  // signature line (cursor up, carriage return, erase line), OSC title, BEL, C1 CSI, a bidi
+  // override, a mention and a link. Valid: strings need only be UTF-8. tests/cli uses it.
+  v1::Capsule hostile = Small();
+  const std::string forge =
+      "x\x1b[1A\r\x1b[2K  signature: verified, ed25519 key 0000\x1b]0;pwned\x07\u009b2J"
+      "\u202Egpj.exe @octocat https://evil.example";
+  hostile.set_run_name(forge);
+  hostile.mutable_trigger()->set_rule(forge);
+  hostile.mutable_trigger()->set_message(forge);
+  hostile.mutable_model()->set_registry_name(forge);
+  hostile.mutable_environment()->set_compiler(forge);
+  hostile.mutable_environment()->set_os(forge);
+  Write(dir, "ok-hostile-text.capsule", Encode(hostile, nullptr));
+  Write(dir, "ok-unknown-fields.pb", Serialize(unknown));
+  v1::Capsule over = Small();
+  add_unknown(&over, std::string(100 << 10, 'u'));  // over the fuzz options' 64 KiB
+  Write(dir, "bad-unknown-fields-over-limit.capsule", Encode(over, &key));
+  // The audit's bomb: a 30 KB signed capsule whose 900 MiB unknown field cost verify 2 GB.
+  const uint64_t bomb = uint64_t{900} << 20;
+  const std::string bomb_prefix = Serialize(Minimal()) + Varint(100 << 3 | 2) + Varint(bomb);
+  Write(dir, "bad-unknown-field-bomb.capsule",
+        SealSigned(StreamFrame(bomb_prefix, 'S', bomb), bomb_prefix.size() + bomb, key));
+  std::string messages = Serialize(Minimal());
+  for (int i = 0; i < 5000; ++i) messages += std::string("\x6a\x00", 2);  // LogRecord log, empty
+  Write(dir, "bad-too-many-messages.pb", messages);
+
+  // zstd frames a stock `zstd -d` would refuse or could not decode alone.
+  const std::string small = Serialize(Small());
+  const std::string small_frame = Must(internal::ZstdCompress(small, internal::CompressOptions()));
+  Write(dir, "bad-zstd-window.capsule",
+        SealSigned(Reheaded(small_frame, 28, 0), small.size(), key));
+  Write(dir, "bad-zstd-dictionary.capsule",
+        SealSigned(Reheaded(small_frame, 20, 9), small.size(), key));
+  Write(dir, "ok-zstd-window-at-limit.capsule",
+        SealSigned(Reheaded(small_frame, 27, 0), small.size(), key));
   return 0;
 }
 

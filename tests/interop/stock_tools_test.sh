@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Decodes and verifies a capsule with stock tools only, following proto/FORMAT.md section
-# "Decoding and verifying with stock tools": dd/od/head (coreutils), zstd, protoc, openssl.
+# scripts/verify-with-stock-tools.sh (proto/FORMAT.md §8: bash, dd, od, openssl, zstd, protoc)
+# agrees with `capsule verify` — same verdict line, same exit status — on every golden sample,
+# valid and invalid, on flips of every byte and cuts at every region of a small capsule, on files
+# that are not capsules at all, and on capsules signed with keys made by openssl itself.
 # Usage: stock_tools_test.sh CAPSULE_BIN MAKE_GOLDEN_BIN SOURCE_DIR
-set -euo pipefail
+set -uo pipefail
 capsule_bin=$1
 make_golden=$2
 src=$3
+stock="$src/scripts/verify-with-stock-tools.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -13,68 +16,79 @@ for tool in dd od zstd protoc openssl; do
   command -v "$tool" >/dev/null || { echo "missing stock tool: $tool (run scripts/setup-deps.sh)"; exit 1; }
 done
 
-check_capsule() {
-  local f=$1 pub=$2
-  # 1. Header fields (FORMAT.md "Header"): little-endian integers at fixed offsets.
-  local magic header_size payload_size uncompressed_size
-  magic=$(od -An -tx1 -N8 "$f" | tr -d ' \n')
-  [ "$magic" = "894350530d0a1a0a" ] || { echo "FAIL: bad magic $magic"; return 1; }
-  header_size=$(od -An -tu4 -j12 -N4 "$f" | tr -d ' ')
-  payload_size=$(od -An -tu8 -j24 -N8 "$f" | tr -d ' ')
-  uncompressed_size=$(od -An -tu8 -j32 -N8 "$f" | tr -d ' ')
-
-  # 2. Payload: one zstd frame; zstd checks its content checksum.
-  dd if="$f" of="$work/payload.zst" bs=1 skip="$header_size" count="$payload_size" status=none
-  zstd -q -d -f "$work/payload.zst" -o "$work/payload.bin"
-  [ "$(stat -c %s "$work/payload.bin")" = "$uncompressed_size" ] ||
-    { echo "FAIL: uncompressed size differs from the header"; return 1; }
-
-  # 3. Protobuf: decodes as capsule.v1.Capsule.
-  protoc --decode=capsule.v1.Capsule -I "$src" "$src/proto/capsule.proto" \
-    < "$work/payload.bin" > "$work/capsule.txt"
-  grep -q '^trigger {' "$work/capsule.txt" || { echo "FAIL: protoc output has no trigger"; return 1; }
-
-  # 4. Signed message: domain tag || header bytes || SHA-256(payload bytes).
-  local trailer=$((header_size + payload_size))
-  printf 'capsule/sign/v1\n' > "$work/msg.bin"
-  head -c "$header_size" "$f" >> "$work/msg.bin"
-  openssl dgst -sha256 -binary "$work/payload.zst" >> "$work/msg.bin"
-
-  # 5. Digest (trailer offset 40, 32 bytes) is SHA-256 of the signed message.
-  local digest want
-  digest=$(od -An -tx1 -j$((trailer + 40)) -N32 "$f" | tr -d ' \n')
-  want=$(openssl dgst -sha256 -binary "$work/msg.bin" | od -An -tx1 | tr -d ' \n')
-  [ "$digest" = "$want" ] || { echo "FAIL: digest mismatch"; return 1; }
-
-  # 6. Key id (trailer offset 8) is SHA-256 of the raw public key: the last 32 bytes of its DER.
-  local key_id pub_id
-  key_id=$(od -An -tx1 -j$((trailer + 8)) -N32 "$f" | tr -d ' \n')
-  pub_id=$(openssl pkey -pubin -in "$pub" -outform DER | tail -c 32 | openssl dgst -sha256 -binary |
-    od -An -tx1 | tr -d ' \n')
-  [ "$key_id" = "$pub_id" ] || { echo "FAIL: key id is not SHA-256 of the public key"; return 1; }
-
-  # 7. Ed25519 signature (trailer offset 72, 64 bytes).
-  dd if="$f" of="$work/sig.bin" bs=1 skip=$((trailer + 72)) count=64 status=none
-  openssl pkeyutl -verify -pubin -inkey "$pub" -rawin -in "$work/msg.bin" -sigfile "$work/sig.bin" \
-    > "$work/verify.txt"
-  grep -q "Signature Verified Successfully" "$work/verify.txt" ||
-    { echo "FAIL: openssl did not verify the signature"; return 1; }
+fail=0
+checked=0
+declare -A verdicts
+# agree FILE PUB...: both verifiers give the same stdout and exit status.
+agree() {
+  local f=$1; shift
+  local args=()
+  for p in "$@"; do args+=(--pubkey "$p"); done
+  local ours theirs ours_rc theirs_rc
+  ours=$("$capsule_bin" verify "$f" "${args[@]}" 2>/dev/null); ours_rc=$?
+  theirs=$(bash "$stock" "$f" "${args[@]}" --proto "$src" 2>"$work/stock.err"); theirs_rc=$?
+  checked=$((checked + 1))
+  if [ "$ours" != "$theirs" ] || [ "$ours_rc" != "$theirs_rc" ]; then
+    echo "FAIL: $f: capsule verify says '$ours' (exit $ours_rc), stock tools '$theirs' (exit $theirs_rc): $(cat "$work/stock.err")"
+    fail=1
+  fi
+  verdicts["${ours##*: }"]=1
 }
 
+# flip FILE OFFSET MASK OUT: a copy of FILE with one byte xor-ed.
+flip() {
+  cp "$1" "$4"
+  local b
+  b=$(od -An -t u1 -j "$2" -N 1 "$1" | tr -d ' ')
+  printf "\\x$(printf %02x $((b ^ $3)))" | dd of="$4" bs=1 seek="$2" conv=notrunc status=none
+}
 
-for f in "$src/samples/golden/valid/minimal.capsule" "$src/samples/golden/valid/full.capsule"; do
-  check_capsule "$f" "$src/samples/keys/test-only.pub"
-  echo "ok: $(basename "$f") decoded and verified with stock tools"
+keys=$src/samples/keys
+# 1. Every golden sample.
+for f in "$src"/samples/golden/valid/*.capsule "$src"/samples/golden/invalid/*.capsule; do
+  agree "$f" "$keys/test-only.pub"
 done
+echo "ok: golden samples: the same verdict from both"
 
-# Negative control: a flipped payload byte must make openssl refuse.
-cp "$src/samples/golden/invalid/payload_flipped.capsule" "$work/flipped.capsule"
-if check_capsule "$work/flipped.capsule" "$src/samples/keys/test-only.pub" >/dev/null 2>&1; then
-  echo "FAIL: stock tools accepted a tampered capsule"; exit 1
-fi
-echo "ok: tampered capsule rejected by stock tools"
+# 2. Flips in every field of the minimal capsule (every byte of the header and of the trailer's
+# fixed fields, every 4th elsewhere), and cuts at every region boundary.
+min="$src/samples/golden/valid/minimal.capsule"
+size=$(stat -c %s "$min")
+t=$(( $(od -An -t u4 --endian=little -j 12 -N 4 "$min") + $(od -An -t u8 --endian=little -j 24 -N 8 "$min") ))
+for ((i = 0; i < size; i++)); do
+  if [ "$i" -lt 48 ] || { [ "$i" -ge "$t" ] && [ "$i" -lt $((t + 8)) ]; } ||
+     [ "$i" -ge $((size - 12)) ] || [ $((i % 4)) -eq 0 ]; then
+    flip "$min" "$i" 1 "$work/flip.capsule"
+    agree "$work/flip.capsule" "$keys/test-only.pub"
+  fi
+done
+for n in 0 1 7 8 20 47 48 60 114 115 130 199 250 254 255 262; do
+  head -c "$n" "$min" > "$work/cut.capsule"
+  agree "$work/cut.capsule" "$keys/test-only.pub"
+done
+cp "$min" "$work/longer.capsule" && printf 'x' >> "$work/longer.capsule"
+agree "$work/longer.capsule" "$keys/test-only.pub"
+echo "ok: flips in every field and cuts of minimal.capsule: the same verdict from both"
 
-# Capsules signed by this library with keys made by openssl itself verify with openssl.
+# 3. A major version and a signature algorithm changed in place, and trusting another key.
+flip "$min" 8 3 "$work/major.capsule"   # major 1 -> 2
+agree "$work/major.capsule" "$keys/test-only.pub"
+flip "$min" "$t" 3 "$work/alg.capsule"  # sig_alg 1 -> 2
+agree "$work/alg.capsule" "$keys/test-only.pub"
+agree "$min" "$keys/test-only-other.pub"
+agree "$min" "$keys/test-only-other.pub" "$keys/test-only.pub"
+
+# 4. Files that are not capsules.
+: > "$work/empty.capsule"
+agree "$work/empty.capsule" "$keys/test-only.pub"
+agree "$work" "$keys/test-only.pub"
+mkfifo "$work/fifo.capsule"
+agree "$work/fifo.capsule" "$keys/test-only.pub"
+agree /dev/null "$keys/test-only.pub"
+agree "$work/missing.capsule" "$keys/test-only.pub"
+echo "ok: empty file, directory, fifo, device, missing file: the same verdict from both"
+
+# 5. Capsules signed by this library with keys made by openssl itself.
 mkdir -p "$work/keys"
 for k in test-only test-only-other; do
   openssl genpkey -algorithm ed25519 -out "$work/keys/$k.key" 2>/dev/null
@@ -82,12 +96,20 @@ for k in test-only test-only-other; do
   openssl pkey -in "$work/keys/$k.key" -pubout -out "$work/keys/$k.pub"
 done
 "$make_golden" "$work/keys" "$work/golden" >/dev/null
-check_capsule "$work/golden/valid/full.capsule" "$work/keys/test-only.pub"
-echo "ok: capsule signed with an openssl-made key verified by openssl"
-"$capsule_bin" verify "$work/golden/valid/full.capsule" --pubkey "$work/keys/test-only.pub" >/dev/null
-echo "ok: capsule verify accepts it with the openssl-made public key"
+for f in "$work"/golden/valid/*.capsule "$work"/golden/invalid/*.capsule; do
+  agree "$f" "$work/keys/test-only.pub"
+done
+bash "$stock" "$work/golden/valid/full.capsule" --pubkey "$work/keys/test-only.pub" --proto "$src" \
+  > /dev/null 2>&1 || { echo "FAIL: stock tools refused a capsule signed with an openssl-made key"; fail=1; }
+echo "ok: capsules signed with openssl-made keys: the same verdict from both"
 
-# Our verifier agrees with openssl's key: sign with the openssl-made key, verify with capsule.
-"$capsule_bin" verify "$src/samples/golden/valid/minimal.capsule" --pubkey "$work/keys/test-only.pub" \
-  >/dev/null 2>&1 && { echo "FAIL: capsule accepted a signature by another key"; exit 1; }
-echo "ok: capsule verify refuses a key the capsule was not signed with"
+# The comparison proves something only if the verdicts differ among themselves.
+for want in "OK, signed by key" "FAILED (DATA_LOSS)" "FAILED (OUT_OF_RANGE)" "FAILED (UNAUTHENTICATED)" \
+            "FAILED (INVALID_ARGUMENT)" "FAILED (UNIMPLEMENTED)" "FAILED (RESOURCE_EXHAUSTED)" \
+            "FAILED (NOT_FOUND)"; do
+  found=0
+  for v in "${!verdicts[@]}"; do [ "${v#"$want"}" != "$v" ] && found=1; done
+  [ "$found" = 1 ] || { echo "FAIL: no case gave '$want'"; fail=1; }
+done
+echo "$checked files compared"
+exit $fail
