@@ -8,6 +8,7 @@
 //   capsule::FormatSignificant(NAN, 6);               // "nan"
 //   capsule::FormatFixed(12.345, 1);                  // "12.3"
 //   capsule::FormatUnixMicrosUtc(1780000000000000);   // "2026-05-28T20:26:40Z"
+//   capsule::FormatCount(19999872);                   // "19,999,872"
 //
 // Thread safety: pure functions; thread-safe.
 #ifndef CAPSULE_BASE_STRINGS_H_
@@ -25,6 +26,12 @@ std::string FormatSignificant(double v, int digits);
 
 // printf's %.<decimals>f, non-finite values as in FormatSignificant. For coordinates (SVG).
 std::string FormatFixed(double v, int decimals);
+
+// An integer with thousands separators: "19,999,872", "-1,024", "7".
+std::string FormatCount(int64_t n);
+
+// A size in binary units for people: "512 B", "1.5 KiB", "300.0 MiB", "2.00 GiB".
+std::string HumanBytes(uint64_t bytes);
 
 // RFC 3339 in UTC with whole seconds ("2026-05-28T20:26:40Z"), from microseconds since the epoch;
 // the microseconds are truncated.

@@ -3,6 +3,8 @@
 #include <iostream>
 
 #include "capsule/cli/commands.h"
+#include "capsule/cli/common.h"
+#include "capsule/cli/printable_stream.h"
 #include "capsule/format/version.h"
 #ifdef CAPSULE_WITH_TORCH
 #include "capsule/replay/model_registry.h"
@@ -12,7 +14,7 @@ namespace capsule::cli {
 namespace {
 
 // `registry` is null in a build without LibTorch (no replay subcommand).
-int MainImpl(int argc, char** argv, ModelRegistry* registry) {
+int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   CLI::App app{"capsule: failure capsules for ML training — record, verify, inspect, replay"};
   app.set_version_flag("--version", std::string("capsule ") + CapsuleVersion());
   app.require_subcommand(1);
@@ -26,6 +28,8 @@ int MainImpl(int argc, char** argv, ModelRegistry* registry) {
 #ifdef CAPSULE_WITH_TORCH
   SetupReplayCommand(app, &run, registry);
   SetupExtractCommand(app, &run, registry);
+#else
+  (void)registry;
 #endif
   try {
     app.parse(argc, argv);
@@ -37,6 +41,18 @@ int MainImpl(int argc, char** argv, ModelRegistry* registry) {
   }
   if (!run) return kExitError;
   return run();
+}
+
+int MainImpl(int argc, char** argv, ModelRegistry* registry) {
+  PrintableStreams streams;
+  const int rc = RunCommandLine(argc, argv, registry);
+  // A report sent to a full disk or a closed pipe is not a success, whatever the command did.
+  const Status written = streams.Finish();
+  if (!written.ok()) {
+    PrintError(written);
+    return kExitError;
+  }
+  return rc;
 }
 
 }  // namespace

@@ -34,6 +34,10 @@ struct TrustOptions {
 // trust options of every subcommand that reads a capsule except verify.
 void AddTrustOptions(CLI::App* cmd, TrustOptions* trust);
 
+// Declares --force: replace an existing regular file at the output path (never anything else,
+// and never the command's own input).
+void AddForceOption(CLI::App* cmd, bool* force);
+
 struct InspectOptions {
   std::string file;
   TrustOptions trust;
@@ -56,6 +60,7 @@ struct RedactCliOptions {
   std::string drop;  // a comma-separated subset of kRedactItemNames (format/redact.h)
   std::string key;   // private key signing the output
   std::string out;
+  bool force = false;  // replace an existing OUT
   TrustOptions trust;
 };
 void SetupRedactCommand(CLI::App& app, RunFn* run);
@@ -68,6 +73,7 @@ struct ReportCliOptions {
   std::string replay_json;    // `capsule replay --json` output to include; empty: none
   std::string redact;         // a subset of kRedactItemNames, left out of the report
   std::string out;            // empty: stdout
+  bool force = false;         // replace an existing OUT
 };
 void SetupReportCommand(CLI::App& app, RunFn* run);
 int RunReportCommand(const ReportCliOptions& options);
@@ -104,6 +110,7 @@ struct ExtractCliOptions {
   std::string layer;
   std::string key;  // private key signing the extract
   std::string out;
+  bool force = false;  // replace an existing OUT
   std::vector<std::string> plugins;
   TrustOptions trust;
 };

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "capsule/base/file_util.h"
+#include "capsule/base/printable.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/format/signing.h"
@@ -17,8 +18,9 @@
 namespace capsule::cli {
 
 void PrintError(const Status& status, std::string_view remedy) {
-  std::cerr << "capsule: " << status.message();
-  if (!remedy.empty()) std::cerr << "; " << remedy;
+  // One line, whatever the message quotes (file names, capsule strings).
+  std::cerr << "capsule: " << Printable(status.message());
+  if (!remedy.empty()) std::cerr << "; " << Printable(remedy);
   std::cerr << "\n";
 }
 
@@ -76,6 +78,37 @@ void AddTrustOptions(CLI::App* cmd, TrustOptions* trust) {
       ->excludes(pub);
 }
 
+void AddForceOption(CLI::App* cmd, bool* force) {
+  cmd->add_flag("--force", *force,
+                "Replace OUT when it exists (a regular file only; never the input itself)");
+}
+
+namespace {
+
+// Why writing OUT failed, with the --force remedy when OUT already exists.
+void PrintWriteError(const Status& status, const std::string& out) {
+  PrintError(status.WithContext(out),
+             status.code() == StatusCode::kAlreadyExists ? "--force to replace it" : "");
+}
+
+}  // namespace
+
+bool WriteOutputFile(const std::string& in, const std::string& out, std::string_view bytes,
+                     bool force) {
+  if (SameFile(in, out)) {
+    PrintError(InvalidArgumentError(out + " is the input file; not replacing it"));
+    return false;
+  }
+  AtomicWriteOptions options;
+  options.overwrite = force;
+  const Status s = WriteFileAtomic(out, bytes, options);
+  if (!s.ok()) {
+    PrintWriteError(s, out);
+    return false;
+  }
+  return true;
+}
+
 std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
                                          const std::vector<std::string>& pubkeys,
                                          bool allow_unsigned, int* exit_code) {
@@ -113,19 +146,5 @@ RerunFacts RerunFactsOf(const v1::Capsule& c, const ModelRegistry& registry) {
   return f;
 }
 #endif
-
-std::string HumanBytes(uint64_t bytes) {
-  char buf[32];
-  if (bytes < 1024) {
-    std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
-  } else if (bytes < 1024 * 1024) {
-    std::snprintf(buf, sizeof(buf), "%.1f KiB", bytes / 1024.0);
-  } else if (bytes < 1024ull * 1024 * 1024) {
-    std::snprintf(buf, sizeof(buf), "%.1f MiB", bytes / (1024.0 * 1024));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-  }
-  return buf;
-}
 
 }  // namespace capsule::cli

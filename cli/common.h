@@ -64,8 +64,11 @@ std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
                                          const std::vector<std::string>& pubkeys,
                                          bool allow_unsigned, int* exit_code);
 
-// "1.2 MiB", "512 B".
-std::string HumanBytes(uint64_t bytes);
+// Writes `bytes` to `out` for a command that read `in`: refuses `out` when it is `in` (with or
+// without --force), replaces an existing regular file only with `force`, and prints why it did
+// not write (with "--force to replace it" where that would help). False when nothing was written.
+bool WriteOutputFile(const std::string& in, const std::string& out, std::string_view bytes,
+                     bool force);
 
 }  // namespace capsule::cli
 

@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "capsule/base/file_util.h"
+#include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
@@ -25,6 +26,7 @@ void SetupExtractCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
+  AddForceOption(cmd, &options->force);
   cmd->add_option("--plugin", options->plugins,
                   "Shared library registering the capsule's model; repeatable")
       ->check(CLI::ExistingFile);
@@ -59,12 +61,13 @@ int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
   write.signing_key = &*key;
   write.optional_flags = kOptionalFlagExtract |
                          (loaded->decoded.envelope.header.optional_flags & kOptionalFlagRedacted);
-  Status s = WriteCapsuleFile(o.out, *extract, write);
-  if (!s.ok()) {
-    PrintError(s.WithContext(o.out));
+  auto bytes = EncodeCapsule(*extract, write);
+  if (!bytes.ok()) {
+    PrintError(bytes.status());
     return kExitError;
   }
-  std::cout << "wrote " << o.out << " (layer " << o.layer << ")\n";
+  if (!WriteOutputFile(o.file, o.out, *bytes, o.force)) return kExitError;
+  std::cout << "wrote " << Printable(o.out) << " (layer " << Printable(o.layer) << ")\n";
   return kExitOk;
 }
 

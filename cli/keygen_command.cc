@@ -1,5 +1,6 @@
 #include <iostream>
 
+#include "capsule/base/printable.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
@@ -33,8 +34,8 @@ int RunKeygenCommand(const KeygenOptions& options) {
     PrintError(written.status());
     return kExitError;
   }
-  std::cout << "wrote " << written->private_key << " (private, mode 0600) and "
-            << written->public_key << "\n"
+  std::cout << "wrote " << Printable(written->private_key) << " (private, mode 0600) and "
+            << Printable(written->public_key) << "\n"
             << "key id " << pair->public_key.KeyIdHex() << "\n";
   return kExitOk;
 }

@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "capsule/base/file_util.h"
+#include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
@@ -26,6 +27,7 @@ void SetupRedactCommand(CLI::App& app, RunFn* run) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
+  AddForceOption(cmd, &options->force);
   AddTrustOptions(cmd, &options->trust);
   cmd->callback([options, run] { *run = [options] { return RunRedactCommand(*options); }; });
 }
@@ -58,13 +60,15 @@ int RunRedactCommand(const RedactCliOptions& o) {
   write.signing_key = &*key;
   // The source's optional flags still describe the content (weights, extract); redaction adds one.
   write.optional_flags = loaded->decoded.envelope.header.optional_flags | kOptionalFlagRedacted;
-  s = WriteCapsuleFile(o.out, *loaded->decoded.capsule, write);
-  if (!s.ok()) {
-    PrintError(s.WithContext(o.out));
+  auto bytes = EncodeCapsule(*loaded->decoded.capsule, write);
+  if (!bytes.ok()) {
+    PrintError(bytes.status());
     return kExitError;
   }
+  // Never onto its own input: redacting in place would lose the original if anything went wrong.
+  if (!WriteOutputFile(o.file, o.out, *bytes, o.force)) return kExitError;
   auto pub = key->GetPublicKey();
-  std::cout << "wrote " << o.out << " (dropped";
+  std::cout << "wrote " << Printable(o.out) << " (dropped";
   for (const auto& item : loaded->decoded.capsule->redaction().dropped()) std::cout << " " << item;
   std::cout << ")";
   if (pub.ok()) std::cout << ", signed by key " << pub->KeyIdHex();

@@ -27,6 +27,7 @@ void SetupReportCommand(CLI::App& app, RunFn* run) {
                   "Leave out of the report: comma-separated " + JoinRedactItemNames(", "));
   AddTrustOptions(cmd, &options->trust);
   cmd->add_option("-o,--out", options->out, "Output file (written atomically); default stdout");
+  AddForceOption(cmd, &options->force);
   cmd->callback([options, run] { *run = [options] { return RunReportCommand(*options); }; });
 }
 
@@ -67,12 +68,7 @@ int RunReportCommand(const ReportCliOptions& o) {
     std::cout << text;
     return kExitOk;
   }
-  const Status st = WriteFileAtomic(o.out, text);
-  if (!st.ok()) {
-    PrintError(st.WithContext(o.out));
-    return kExitError;
-  }
-  return kExitOk;
+  return WriteOutputFile(o.file, o.out, text, o.force) ? kExitOk : kExitError;
 }
 
 }  // namespace capsule::cli

@@ -1,5 +1,7 @@
 #include <iostream>
 
+#include "capsule/base/file_util.h"
+#include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
@@ -28,15 +30,25 @@ int RunVerifyCommand(const VerifyOptions& options) {
     return kExitError;
   }
   read_options->verify_tensor_digests = options.deep;
-  read_options->validate = options.deep;
-  auto decoded = ReadCapsuleFile(options.file, *read_options);
+  // A file that cannot be read (missing, a directory, a FIFO, too large) was never judged: exit 2,
+  // as every other command. Only what the bytes say makes a capsule invalid (exit 1).
+  auto bytes = ReadFileBytes(options.file, read_options->max_file_bytes);
+  if (!bytes.ok()) {
+    PrintError(bytes.status());
+    std::cout << Printable(options.file) << ": FAILED (" << StatusCodeName(bytes.status().code())
+              << ")\n";
+    return kExitError;
+  }
+  auto decoded = DecodeCapsule(*bytes, *read_options);
   if (!decoded.ok()) {
-    std::cerr << "capsule: " << decoded.status().message() << "\n";
-    std::cout << options.file << ": FAILED (" << StatusCodeName(decoded.status().code()) << ")\n";
+    PrintError(decoded.status().WithContext(options.file));
+    std::cout << Printable(options.file) << ": FAILED (" << StatusCodeName(decoded.status().code())
+              << ")\n";
     return ExitCodeForReadError(decoded.status());
   }
-  std::cout << options.file << ": OK, signed by key " << HexEncode(decoded->envelope.key_id)
-            << (options.deep ? ", content valid" : "") << "\n";
+  std::cout << Printable(options.file) << ": OK, signed by key "
+            << HexEncode(decoded->envelope.key_id) << (options.deep ? ", content valid" : "")
+            << "\n";
   return kExitOk;
 }
 

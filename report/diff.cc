@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/proto/capsule.pb.h"
@@ -209,15 +210,6 @@ void DiffLayers(const v1::Capsule& a, const v1::Capsule& b, Differ& d,
   }
 }
 
-// Terminal output of untrusted text: control characters would let a capsule rewrite the screen.
-std::string Printable(const std::string& s) {
-  std::string out;
-  for (const char ch : s) {
-    out += (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ? '?' : ch;
-  }
-  return out;
-}
-
 }  // namespace
 
 std::vector<CapsuleDifference> DiffCapsules(const v1::Capsule& a, const v1::Capsule& b) {
@@ -240,10 +232,12 @@ std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff) {
   size_t width[4] = {headers[0].size(), headers[1].size(), headers[2].size(), headers[3].size()};
   constexpr size_t kMaxCell = 64;  // long values (config lines, hashes) stay readable
   auto cell = [](const std::string& s) {
-    std::string p = Printable(s);
-    return p.size() > kMaxCell ? p.substr(0, kMaxCell - 3) + "..." : p;
+    if (s.size() <= kMaxCell) return Printable(s);
+    return Printable(TruncateUtf8(s, kMaxCell - 3)) + "...";
   };
-  for (const auto& r : diff) {
+  const size_t shown = std::min(diff.size(), kMaxDiffTableRows);
+  const std::vector<CapsuleDifference> rows(diff.begin(), diff.begin() + shown);
+  for (const auto& r : rows) {
     width[0] = std::max(width[0], cell(r.section).size());
     width[1] = std::max(width[1], cell(r.key).size());
     width[2] = std::max(width[2], cell(r.a).size());
@@ -260,15 +254,23 @@ std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff) {
     out << line << "\n";
   };
   row(headers[0], headers[1], headers[2], headers[3], headers[4]);
-  for (const auto& r : diff) row(cell(r.section), cell(r.key), cell(r.a), cell(r.b), cell(r.note));
-  out << diff.size() << (diff.size() == 1 ? " difference" : " differences") << "\n";
+  for (const auto& r : rows) row(cell(r.section), cell(r.key), cell(r.a), cell(r.b), cell(r.note));
+  if (shown < diff.size()) {
+    out << "\u2026 " << FormatCount(static_cast<int64_t>(diff.size() - shown))
+        << " more differences (--json lists " << FormatCount(kMaxDiffJsonRows) << ")\n";
+  }
+  out << FormatCount(static_cast<int64_t>(diff.size()))
+      << (diff.size() == 1 ? " difference" : " differences") << "\n";
   return out.str();
 }
 
 std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff) {
   v1::CapsuleDiff json;
   json.set_equivalent(diff.empty());
-  for (const auto& r : diff) {
+  const size_t shown = std::min(diff.size(), kMaxDiffJsonRows);
+  if (shown < diff.size()) json.set_differences_left_out(static_cast<int64_t>(diff.size() - shown));
+  for (size_t i = 0; i < shown; ++i) {
+    const CapsuleDifference& r = diff[i];
     v1::Difference& d = *json.add_differences();
     d.set_section(r.section);
     d.set_key(r.key);

@@ -34,8 +34,13 @@ struct CapsuleDifference {
 // order above, fields in schema order, layers in A's order then B-only layers.
 std::vector<CapsuleDifference> DiffCapsules(const v1::Capsule& a, const v1::Capsule& b);
 
-// A table with columns SECTION KEY A B NOTE, or "equivalent" when `diff` is empty. Values are
-// shown as they are, control characters replaced, so untrusted text cannot move the cursor.
+// Rows the renderers show at most; the rest are counted ("… 299,800 more differences").
+inline constexpr size_t kMaxDiffTableRows = 200;
+inline constexpr size_t kMaxDiffJsonRows = 10000;
+
+// A table with columns SECTION KEY A B NOTE, or "equivalent" when `diff` is empty. Each cell is
+// cut to 64 bytes and made Printable (base/printable.h), so untrusted text can neither move the
+// cursor nor reorder the line.
 std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff);
 // A capsule.v1.CapsuleDiff (proto/report.proto) in protobuf's JSON mapping:
 // {"equivalent":bool,"differences":[{"section","key","a","b","note"}...]}

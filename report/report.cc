@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/proto/capsule.pb.h"
@@ -65,10 +66,58 @@ std::string ShellQuote(const std::string& s) {
   return out + "'";
 }
 
-ReportLayerRow LayerRow(const v1::LayerStats& l) {
+// Applies ReportLimits while the model is built: cuts strings and lists, and keeps count of what
+// it cut for ReportModel::left_out.
+class Limiter {
+ public:
+  explicit Limiter(const ReportLimits& limits) : limits(limits) {}
+
+  // `s` cut to `max_bytes` (default: text_bytes) at a character boundary, with the cut counted.
+  std::string Text(const std::string& s, size_t max_bytes = 0) {
+    const size_t max = max_bytes > 0 ? max_bytes : limits.text_bytes;
+    const std::string_view head = TruncateUtf8(s, max);
+    if (head.size() == s.size()) return s;
+    ++strings_cut;
+    return std::string(head) + " \u2026 (" +
+           FormatCount(static_cast<int64_t>(s.size() - head.size())) + " more bytes)";
+  }
+
+  // Notes `count` entries of `what` left out (nothing when count is 0).
+  void LeftOut(int64_t count, const std::string& what) {
+    if (count > 0) notes.push_back(FormatCount(count) + " more " + what);
+  }
+
+  // [from, to) of `count` entries, `max` of them centred on `anchor` (or the first `max` when
+  // anchor < 0), with the rest noted as `what`.
+  std::pair<int, int> Window(int count, int anchor, int max, const std::string& what) {
+    max = std::max(1, max);
+    if (count <= max) return {0, count};
+    int from = anchor < 0 ? 0 : std::max(0, anchor - max / 2);
+    from = std::min(from, count - max);
+    LeftOut(count - max, what + " (" + FormatCount(from) + " before and " +
+                             FormatCount(count - from - max) + " after the ones shown)");
+    return {from, from + max};
+  }
+
+  std::vector<std::string> Finish() {
+    if (strings_cut > 0) {
+      notes.push_back(FormatCount(strings_cut) + (strings_cut == 1 ? " string" : " strings") +
+                      " cut short (marked \u2026)");
+    }
+    return std::move(notes);
+  }
+
+  const ReportLimits& limits;
+
+ private:
+  std::vector<std::string> notes;
+  int64_t strings_cut = 0;
+};
+
+ReportLayerRow LayerRow(const v1::LayerStats& l, Limiter& cap) {
   ReportLayerRow r;
   r.index = l.index();
-  r.name = l.name();
+  r.name = cap.Text(l.name());
   r.phase = PhaseName(l.phase());
   r.numel = l.stats().numel();
   r.nan = l.stats().nan_count();
@@ -80,10 +129,10 @@ ReportLayerRow LayerRow(const v1::LayerStats& l) {
   return r;
 }
 
-void FillEnvironment(const v1::Environment& e, const ReportRedaction& redact,
+void FillEnvironment(const v1::Environment& e, const ReportRedaction& redact, Limiter& cap,
                      std::vector<ReportKeyValue>* out) {
-  auto add = [out](std::string key, std::string value) {
-    out->push_back({std::move(key), value.empty() ? "-" : std::move(value)});
+  auto add = [out, &cap](std::string key, const std::string& value) {
+    out->push_back({cap.Text(key), value.empty() ? "-" : cap.Text(value)});
   };
   add("capsule version", e.capsule_version());
   add("torch", e.torch_version());
@@ -100,50 +149,65 @@ void FillEnvironment(const v1::Environment& e, const ReportRedaction& redact,
   add("CUDA version", e.cuda_version());
   // protobuf maps iterate in no fixed order; the report must be stable.
   const std::map<std::string, std::string> libs(e.libraries().begin(), e.libraries().end());
-  for (const auto& [name, version] : libs) add("library " + name, version);
+  int shown = 0;
+  for (const auto& [name, version] : libs) {
+    if (shown++ == cap.limits.libraries) break;
+    add("library " + name, version);
+  }
+  cap.LeftOut(static_cast<int64_t>(libs.size()) - cap.limits.libraries, "libraries");
   if (!redact.host) add("host", e.hostname());
 }
 
-ReportReplay ReplayModel(const v1::ReplayReport& r) {
+ReportReplay ReplayModel(const v1::ReplayReport& r, Limiter& cap) {
   ReportReplay m;
   m.diagnosis = v1::Diagnosis_Name(r.diagnosis());
   // `capsule replay --json` output carries the sentence it printed; a report shows the same one.
-  m.diagnosis_text = r.diagnosis_text().empty() ? DiagnosisSentence(r) : r.diagnosis_text();
+  m.diagnosis_text =
+      cap.Text(r.diagnosis_text().empty() ? DiagnosisSentence(r) : r.diagnosis_text(), 1024);
   m.fidelity = v1::Fidelity_Name(r.fidelity());
-  m.fidelity_detail = r.fidelity_detail();
+  m.fidelity_detail = cap.Text(r.fidelity_detail(), 1024);
   m.captured_value = r.captured_value();
   m.replayed_value = r.replayed_value();
-  m.first_divergent_layer = r.first_divergent_layer();
+  m.first_divergent_layer = cap.Text(r.first_divergent_layer());
   m.first_divergent_phase = PhaseName(r.first_divergent_phase());
   m.optimized_loss = r.optimized_loss();
   m.reference_loss = r.reference_loss();
   m.reference_anomalous = r.reference_anomalous();
-  bool marked = false;
-  for (const auto& l : r.layers()) {
+  int anchor = -1;
+  for (int i = 0; i < r.layers_size() && anchor < 0; ++i) {
+    if (!r.first_divergent_layer().empty() && r.layers(i).name() == r.first_divergent_layer() &&
+        r.layers(i).phase() == r.first_divergent_phase()) {
+      anchor = i;
+    }
+  }
+  const auto [from, to] =
+      cap.Window(r.layers_size(), anchor, cap.limits.divergence_rows, "replay comparison rows");
+  for (int i = from; i < to; ++i) {
+    const v1::LayerComparison& l = r.layers(i);
     ReportDivergenceRow row;
     row.index = l.index();
-    row.name = l.name();
+    row.name = cap.Text(l.name());
     row.phase = PhaseName(l.phase());
-    row.tensor = l.tensor();
+    row.tensor = cap.Text(l.tensor());
     row.max_abs_err = l.max_abs_err();
     row.max_rel_err = l.max_rel_err();
     row.nonfinite_mismatch = l.nonfinite_mismatch();
     row.rtol = l.rtol();
     row.verdict = v1::Verdict_Name(l.verdict());
-    if (!marked && !r.first_divergent_layer().empty() && l.name() == r.first_divergent_layer() &&
-        l.phase() == r.first_divergent_phase()) {
-      row.first_divergent = marked = true;
-    }
+    row.first_divergent = i == anchor;
     m.layers.push_back(std::move(row));
   }
   if (r.has_bisect() && !r.bisect().strategy().empty()) {
-    m.bisect_strategy = r.bisect().strategy();
-    m.bisect_first_bad_layer = r.bisect().first_bad_layer();
+    m.bisect_strategy = cap.Text(r.bisect().strategy());
+    m.bisect_first_bad_layer = cap.Text(r.bisect().first_bad_layer());
     m.bisect_probes = r.bisect().probes();
     m.bisect_probe_bound = r.bisect().probe_bound();
     m.bisect_layers = r.bisect().layers();
   }
-  m.warnings.assign(r.warnings().begin(), r.warnings().end());
+  for (int i = 0; i < r.warnings_size() && i < cap.limits.warnings; ++i) {
+    m.warnings.push_back(cap.Text(r.warnings(i), 1024));
+  }
+  cap.LeftOut(r.warnings_size() - cap.limits.warnings, "replay warnings");
   return m;
 }
 
@@ -170,7 +234,9 @@ StatusOr<std::unique_ptr<v1::ReplayReport>> ParseReplayReportJson(std::string_vi
 ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
                              const v1::ReplayReport* replay, const ReportOptions& options) {
   const ReportRedaction& redact = options.redact;
+  Limiter cap(options.limits);
   ReportModel m;
+  m.markdown_chars = options.limits.markdown_chars;
   m.signature = SignatureStateName(envelope.signature);
   if (envelope.signature_algorithm != kSigAlgNone) m.signer_key_id = HexEncode(envelope.key_id);
   if (envelope.signature == SignatureState::kUnsigned) {
@@ -181,23 +247,23 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
     m.trust_warning = "this capsule's signature was NOT CHECKED: signer key " + m.signer_key_id +
                       " is not a trusted key (--pubkey); treat its contents as untrusted";
   }
-  m.file_name = BaseName(options.file_name);
+  m.file_name = cap.Text(BaseName(options.file_name));
   m.file_sha256 = options.file_sha256;
   const bool left_out[] = {redact.text, redact.tokens, redact.paths, redact.host};
   for (size_t i = 0; i < std::size(kRedactItemNames); ++i) {
     if (left_out[i]) m.redacted.emplace_back(kRedactItemNames[i]);
   }
 
-  m.run_name = c.run_name();
-  m.writer_version = c.writer_version();
+  m.run_name = cap.Text(c.run_name());
+  m.writer_version = cap.Text(c.writer_version());
   m.created = FormatUnixMicrosUtc(c.created_unix_micros());
 
   const v1::Trigger& t = c.trigger();
   m.trigger_kind = v1::TriggerKind_Name(t.kind());
   m.trigger_observed = t.observed();
   m.trigger_threshold = t.threshold();
-  m.trigger_rule = t.rule();
-  m.trigger_message = t.message();
+  m.trigger_rule = cap.Text(t.rule());
+  m.trigger_message = cap.Text(t.message(), 1024);
   if (t.capture_rerun() != v1::REPRODUCTION_UNSPECIFIED) {
     m.capture_rerun = v1::Reproduction_Name(t.capture_rerun());
   }
@@ -205,7 +271,11 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
   m.micro_batch = c.step().micro_batch();
   m.epoch = c.step().epoch();
   m.tokens_seen = c.step().tokens_seen();
-  for (const auto& h : c.step().history()) {
+  const int history_count = c.step().history_size();
+  const int history_from = std::max(0, history_count - std::max(1, options.limits.history_points));
+  cap.LeftOut(history_from, "older steps of the history");
+  for (int i = history_from; i < history_count; ++i) {
+    const v1::StepScalars& h = c.step().history(i);
     ReportHistoryRow row;
     row.step = h.step();
     if (h.has_loss()) row.loss = h.loss();
@@ -216,20 +286,23 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
   m.history_table_from =
       std::max(0, static_cast<int>(m.history.size()) - std::max(1, options.max_history_rows));
 
-  m.model_registry_name = c.model().registry_name();
+  m.model_registry_name = cap.Text(c.model().registry_name());
   m.model_path = PathName(c.model().trainer_path());
   const v1::Identity& id = c.identity();
-  m.model_sha256 = id.model_sha256();
+  m.model_sha256 = cap.Text(id.model_sha256());
   m.model_parameter_count = id.model_parameter_count();
-  for (const auto& f : id.files()) {
-    m.files.push_back({f.role(), f.name(), redact.paths ? BaseName(f.path()) : f.path(),
-                       f.size_bytes(), f.sha256()});
+  for (int i = 0; i < id.files_size() && i < options.limits.files; ++i) {
+    const v1::FileIdentity& f = id.files(i);
+    m.files.push_back({cap.Text(f.role()), cap.Text(f.name()),
+                       cap.Text(redact.paths ? BaseName(f.path()) : f.path()), f.size_bytes(),
+                       cap.Text(f.sha256())});
   }
-  m.config_sha256 = id.config_sha256();
-  m.config_text = id.config_text();
-  m.code_revision = id.code_revision();
+  cap.LeftOut(id.files_size() - options.limits.files, "identity files");
+  m.config_sha256 = cap.Text(id.config_sha256());
+  m.config_text = cap.Text(id.config_text(), options.limits.config_text_bytes);
+  m.code_revision = cap.Text(id.code_revision());
 
-  if (c.has_environment()) FillEnvironment(c.environment(), redact, &m.environment);
+  if (c.has_environment()) FillEnvironment(c.environment(), redact, cap, &m.environment);
   if (c.has_placement()) {
     const v1::Placement& p = c.placement();
     m.placement = {
@@ -239,29 +312,37 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
         {"data / tensor / pipeline parallel rank",
          std::to_string(p.data_parallel_rank()) + " / " + std::to_string(p.tensor_parallel_rank()) +
              " / " + std::to_string(p.pipeline_parallel_rank())},
-        {"device", p.device().empty() ? "-" : p.device()}};
+        {"device", p.device().empty() ? "-" : cap.Text(p.device())}};
   }
 
   const v1::Numerics& n = c.numerics();
-  m.first_anomalous_layer = n.first_anomalous_layer();
+  m.first_anomalous_layer = cap.Text(n.first_anomalous_layer());
   m.first_anomalous_phase =
       m.first_anomalous_layer.empty() ? "" : PhaseName(n.first_anomalous_phase());
-  m.anomaly_reason = n.anomaly_reason();
-  int anchor = -1;
-  for (const auto& l : n.layers()) {
-    ReportLayerRow row = LayerRow(l);
-    if (anchor < 0 && !m.first_anomalous_layer.empty() && l.name() == m.first_anomalous_layer &&
+  m.anomaly_reason = cap.Text(n.anomaly_reason());
+  // The capsule's first anomaly, or else its first flagged layer: what the rows centre on.
+  int stats_anchor = -1;
+  for (int i = 0; i < n.layers_size() && stats_anchor < 0; ++i) {
+    const v1::LayerStats& l = n.layers(i);
+    if (!n.first_anomalous_layer().empty() && l.name() == n.first_anomalous_layer() &&
         l.phase() == n.first_anomalous_phase()) {
-      row.first_anomaly = true;
+      stats_anchor = i;
+    }
+  }
+  const bool named_anomaly = stats_anchor >= 0;
+  for (int i = 0; i < n.layers_size() && stats_anchor < 0; ++i) {
+    if (n.layers(i).anomalous()) stats_anchor = i;
+  }
+  const auto [stats_from, stats_to] =
+      cap.Window(n.layers_size(), stats_anchor, options.limits.layers, "layer stats");
+  int anchor = -1;
+  for (int i = stats_from; i < stats_to; ++i) {
+    ReportLayerRow row = LayerRow(n.layers(i), cap);
+    if (i == stats_anchor) {
+      row.first_anomaly = named_anomaly;
       anchor = static_cast<int>(m.layers.size());
     }
     m.layers.push_back(std::move(row));
-  }
-  if (anchor < 0) {
-    // No named first anomaly: centre on the first flagged layer, if any.
-    for (size_t i = 0; i < m.layers.size() && anchor < 0; ++i) {
-      if (m.layers[i].anomalous) anchor = static_cast<int>(i);
-    }
   }
   const int count = static_cast<int>(m.layers.size());
   int from = 0;
@@ -273,18 +354,30 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
   m.layer_window_from = from;
   m.layer_window.assign(m.layers.begin() + from, m.layers.begin() + to);
 
-  for (const auto& s : c.data().sequences()) {
+  const v1::DataBatch& data = c.data();
+  for (int i = 0; i < data.sequences_size() && i < options.limits.sequences; ++i) {
+    const v1::Sequence& s = data.sequences(i);
     ReportSequence seq;
-    seq.sample_id = s.sample_id();
+    seq.sample_id = cap.Text(s.sample_id());
     seq.token_count = s.token_ids_size() > 0 ? s.token_ids_size() : s.token_count();
-    if (!redact.tokens) seq.token_ids.assign(s.token_ids().begin(), s.token_ids().end());
-    if (!redact.text) seq.raw_text = s.raw_text();
+    if (!redact.tokens) {
+      const int shown = std::min(s.token_ids_size(), options.limits.tokens_per_sequence);
+      seq.token_ids.assign(s.token_ids().begin(), s.token_ids().begin() + shown);
+      cap.LeftOut(s.token_ids_size() - shown, "token ids of sequence " + std::to_string(i));
+    }
+    if (!redact.text) seq.raw_text = cap.Text(s.raw_text(), options.limits.raw_text_bytes);
     m.sequences.push_back(std::move(seq));
   }
-  m.log_lines.assign(c.log().lines().begin(), c.log().lines().end());
-  m.log_error = c.log().error();
+  cap.LeftOut(data.sequences_size() - options.limits.sequences, "sequences of the batch");
+  const int log_count = c.log().lines_size();
+  const int log_from = std::max(0, log_count - options.limits.log_lines);
+  cap.LeftOut(log_from, "older log lines");
+  for (int i = log_from; i < log_count; ++i) {
+    m.log_lines.push_back(cap.Text(c.log().lines(i), options.limits.log_line_bytes));
+  }
+  m.log_error = cap.Text(c.log().error(), 1024);
 
-  if (replay != nullptr) m.replay = ReplayModel(*replay);
+  if (replay != nullptr) m.replay = ReplayModel(*replay, cap);
 
   std::ostringstream summary;
   summary << m.trigger_kind << " at step " << m.step << " of run \"" << m.run_name
@@ -306,9 +399,11 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
 
   const std::string trust =
       envelope.signature == SignatureState::kUnsigned ? "--allow-unsigned" : "--pubkey SIGNER.pub";
-  const std::string file = ShellQuote(m.file_name);
+  // A name a shell could not be given as typed is shown escaped (base/printable.h).
+  const std::string file = ShellQuote(Printable(m.file_name));
   m.verify_command = "capsule verify " + file + " --pubkey SIGNER.pub";
   m.replay_command = "capsule replay " + file + " --plugin <model plugin> " + trust + " --bisect";
+  m.left_out = cap.Finish();
   return m;
 }
 

@@ -40,6 +40,28 @@ namespace capsule {
 // names, host is the host name. Parsed with ParseRedactItemList (format/redact.h).
 using ReportRedaction = RedactItems;
 
+// How much of a capsule a report shows. A capsule from a stranger may hold a 100 MB run name or
+// twenty million token ids; every string and list is cut to these sizes in the ReportModel, so
+// all three formats stay readable, and each cut is counted in ReportModel::left_out. The
+// defaults keep a Markdown report within a GitHub issue body (65,536 characters).
+struct ReportLimits {
+  size_t text_bytes = 256;          // each name, message or value from the capsule
+  size_t config_text_bytes = 4096;  // the resolved config
+  size_t raw_text_bytes = 512;      // each sequence's raw sample text
+  size_t log_line_bytes = 240;      // each log line, and the log's error
+  int history_points = 512;         // the newest steps of the history (chart and table)
+  int layers = 128;                 // layer stats kept, centred on the first anomaly
+  int divergence_rows = 128;        // replay rows kept, centred on the first divergence
+  int sequences = 8;                // the first sequences of the batch
+  int tokens_per_sequence = 64;     // the first token ids of each sequence
+  int files = 32;                   // identity files
+  int libraries = 32;               // environment libraries
+  int log_lines = 40;               // the newest log lines
+  int warnings = 16;                // replay warnings
+  // RenderMarkdown leaves out whole sections, least essential first, to stay within this.
+  size_t markdown_chars = 65536;
+};
+
 struct ReportOptions {
   // The capsule file's name as the report shows it and uses in the commands; reduced to its base
   // name, since the receiver of a bug report has the attachment, not the sender's directory.
@@ -53,6 +75,7 @@ struct ReportOptions {
   int layer_context = 3;
   // Rows of the layer table when no layer is anomalous.
   int max_layer_rows = 20;
+  ReportLimits limits;
 };
 
 struct ReportKeyValue {
@@ -186,6 +209,10 @@ struct ReportModel {
 
   std::string verify_command;
   std::string replay_command;
+
+  // What ReportLimits cut, one note each ("19,999,872 more token ids of sequence 0").
+  std::vector<std::string> left_out;
+  size_t markdown_chars = 65536;  // ReportLimits::markdown_chars
 };
 
 ReportModel BuildReportModel(const v1::Capsule& capsule, const EnvelopeInfo& envelope,

@@ -325,6 +325,13 @@ void Provenance(std::ostream& out, const ReportModel& m) {
     head.push_back({"left out of this report", r});
   }
   KeyValueTable(out, head);
+  if (!m.left_out.empty()) {
+    out << "<p class=\"warning\" id=\"left-out\">Shortened to stay readable: ";
+    for (size_t i = 0; i < m.left_out.size(); ++i) {
+      out << (i ? "; " : "") << HtmlEscape(m.left_out[i]);
+    }
+    out << ". The capsule holds everything (<code>capsule inspect --json</code>).</p>\n";
+  }
 }
 
 void Diagnosis(std::ostream& out, const ReportModel& m) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "capsule/base/printable.h"
 #include "capsule/base/strings.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"
@@ -25,7 +26,8 @@ std::string Fence(const std::string& text) {
   return std::string(std::max<size_t>(3, longest + 1), '`');
 }
 
-void CodeBlock(std::ostream& out, const std::string& lang, const std::string& text) {
+void CodeBlock(std::ostream& out, const std::string& lang, const std::string& raw) {
+  const std::string text = Printable(raw, LineBreaks::kKeep);
   const std::string fence = Fence(text);
   out << fence << lang << "\n" << text;
   if (!text.empty() && text.back() != '\n') out << "\n";
@@ -34,6 +36,7 @@ void CodeBlock(std::ostream& out, const std::string& lang, const std::string& te
 
 // Untrusted multi-line text: an HTML <pre> block, escaped. A Markdown code fence would show
 // entities literally, and could not be escaped at all.
+// (GitHub neither links nor notifies inside <pre>.)
 void Pre(std::ostream& out, const std::string& text) {
   out << "<pre>" << internal::HtmlEscape(text);
   if (!text.empty() && text.back() != '\n') out << "\n";
@@ -63,6 +66,32 @@ void Details(std::ostream& out, const std::string& summary) {
   out << "<details><summary>" << MarkdownEscape(summary) << "</summary>\n\n";
 }
 
+// Characters, as GitHub counts an issue body's length (UTF-8 continuation bytes are not counted).
+size_t Utf8Length(const std::string& s) {
+  size_t n = 0;
+  for (const char ch : s) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+  return n;
+}
+
+// What the size limits cut, and the sections left out to fit an issue body; empty when nothing.
+std::string LeftOutNote(const ReportModel& m, const std::vector<std::string>& dropped) {
+  if (m.left_out.empty() && dropped.empty()) return "";
+  std::ostringstream out;
+  out << "> **Shortened to stay readable:** ";
+  for (size_t i = 0; i < m.left_out.size(); ++i) {
+    out << (i ? "; " : "") << MarkdownEscape(m.left_out[i]);
+  }
+  if (!dropped.empty()) {
+    out << (m.left_out.empty() ? "" : "; ") << "to fit "
+        << FormatCount(static_cast<int64_t>(m.markdown_chars))
+        << " characters, these sections are left out: ";
+    for (size_t i = 0; i < dropped.size(); ++i) out << (i ? ", " : "") << dropped[i];
+  }
+  out << ". The capsule holds everything: `capsule report --format html` and `capsule inspect "
+         "--json` show more.\n\n";
+  return out.str();
+}
+
 // One function per section, in page order; each writes nothing when it has nothing to show.
 
 void Title(std::ostream& out, const ReportModel& m) {
@@ -76,7 +105,8 @@ void Title(std::ostream& out, const ReportModel& m) {
 
 void Provenance(std::ostream& out, const ReportModel& m) {
   out << "| | |\n|---|---|\n";
-  out << "| capsule | `" << MarkdownEscape(m.file_name) << "` |\n";
+  // Not a code span: a name with backticks in it would end the span early.
+  out << "| capsule | " << MarkdownEscape(m.file_name) << " |\n";
   if (!m.file_sha256.empty()) out << "| capsule sha256 | `" << m.file_sha256 << "` |\n";
   out << "| signature | " << m.signature;
   if (!m.signer_key_id.empty()) out << ", ed25519 key `" << m.signer_key_id << "`";
@@ -205,7 +235,7 @@ void Identity(std::ostream& out, const ReportModel& m) {
   out << "| config sha256 | `" << MarkdownEscape(m.config_sha256.empty() ? "-" : m.config_sha256)
       << "` |\n";
   if (!m.code_revision.empty()) {
-    out << "| code revision | `" << MarkdownEscape(m.code_revision) << "` |\n";
+    out << "| code revision | " << MarkdownEscape(m.code_revision) << " |\n";
   }
   out << "\n";
   if (!m.files.empty()) {
@@ -279,20 +309,57 @@ void Commands(std::ostream& out, const ReportModel& m) {
 }  // namespace
 
 std::string RenderMarkdown(const ReportModel& m) {
-  std::ostringstream out;
-  Title(out, m);
-  Provenance(out, m);
-  Diagnosis(out, m);
-  Trigger(out, m);
-  History(out, m);
-  LayerStats(out, m);
-  Divergence(out, m);
-  Identity(out, m);
-  EnvironmentAndPlacement(out, m);
-  Batch(out, m);
-  Log(out, m);
-  Commands(out, m);
-  return out.str();
+  // The sections in page order. Those with a name may be left out, highest `drop_order` first,
+  // when the report would not fit in m.markdown_chars (a GitHub issue body); the others are small
+  // by construction (ReportLimits caps every string in them).
+  struct Section {
+    void (*render)(std::ostream&, const ReportModel&);
+    const char* name;  // nullptr: always kept
+    int drop_order;
+    std::string text;
+  };
+  std::vector<Section> sections = {
+      {Title, nullptr, 0, {}},
+      {Provenance, nullptr, 0, {}},
+      {Diagnosis, nullptr, 0, {}},
+      {Trigger, nullptr, 0, {}},
+      {History, "step history", 3, {}},
+      {LayerStats, "layer stats", 4, {}},
+      {Divergence, "replay comparison", 2, {}},
+      {Identity, "identity", 5, {}},
+      {EnvironmentAndPlacement, "environment", 6, {}},
+      {Batch, "batch", 8, {}},
+      {Log, "trainer log", 7, {}},
+      {Commands, nullptr, 0, {}},
+  };
+  size_t total = 0;
+  for (Section& s : sections) {
+    std::ostringstream out;
+    s.render(out, m);
+    s.text = out.str();
+    total += Utf8Length(s.text);
+  }
+  std::vector<std::string> dropped;
+  // Room for the note that says what was left out.
+  const size_t reserve = std::min<size_t>(2048, m.markdown_chars / 4);
+  const size_t budget = m.markdown_chars - reserve;
+  while (total > budget) {
+    Section* largest_order = nullptr;
+    for (Section& s : sections) {
+      if (s.name == nullptr || s.text.empty()) continue;
+      if (largest_order == nullptr || s.drop_order > largest_order->drop_order) largest_order = &s;
+    }
+    if (largest_order == nullptr) break;
+    total -= Utf8Length(largest_order->text);
+    largest_order->text.clear();
+    dropped.emplace_back(largest_order->name);
+  }
+  std::string page;
+  for (size_t i = 0; i < sections.size(); ++i) {
+    page += sections[i].text;
+    if (sections[i].render == Provenance) page += LeftOutNote(m, dropped);
+  }
+  return page;
 }
 
 }  // namespace capsule

@@ -2,9 +2,12 @@
 
 #include <cctype>
 
+#include "capsule/base/printable.h"
+
 namespace capsule::internal {
 
-std::string HtmlEscape(std::string_view s) {
+std::string HtmlEscape(std::string_view text) {
+  const std::string s = Printable(text, LineBreaks::kKeep);
   std::string out;
   out.reserve(s.size());
   for (const char ch : s) {
@@ -31,7 +34,9 @@ std::string HtmlEscape(std::string_view s) {
   return out;
 }
 
-std::string MarkdownEscape(std::string_view s) {
+std::string MarkdownEscape(std::string_view text) {
+  const std::string s = Printable(text);
+  constexpr const char* kZeroWidthSpace = "&#8203;";
   std::string out;
   out.reserve(s.size());
   auto word = [&s](size_t i) {
@@ -42,6 +47,26 @@ std::string MarkdownEscape(std::string_view s) {
     // GFM never reads an underscore inside a word as emphasis: keep NON_FINITE_LOSS readable.
     if (ch == '_' && i > 0 && word(i - 1) && word(i + 1)) {
       out += ch;
+      continue;
+    }
+    // Mentions and e-mail autolinks: "@" followed by anything.
+    if (ch == '@') {
+      out += '@';
+      out += kZeroWidthSpace;
+      continue;
+    }
+    // URL autolinks: any "scheme://", and "www.".
+    if (ch == ':' && s.compare(i, 3, "://") == 0) {
+      out += ':';
+      out += kZeroWidthSpace;
+      continue;
+    }
+    if ((ch == 'w' || ch == 'W') && i + 3 < s.size() && (i == 0 || !word(i - 1)) &&
+        std::tolower(static_cast<unsigned char>(s[i + 1])) == 'w' &&
+        std::tolower(static_cast<unsigned char>(s[i + 2])) == 'w' && s[i + 3] == '.') {
+      out.append(s, i, 3);
+      out += kZeroWidthSpace;
+      i += 2;
       continue;
     }
     switch (ch) {

@@ -13,10 +13,15 @@
 
 namespace capsule::internal {
 
-// &, <, >, " and ' as entities: safe in HTML text and in quoted attribute values.
+// Printable(s, LineBreaks::kKeep) (base/printable.h), then &, <, >, " and ' as entities: safe in
+// HTML text and in quoted attribute values, with no control or bidirectional character left to
+// reorder what the page shows.
 std::string HtmlEscape(std::string_view s);
-// Safe in Markdown text and table cells: HTML entities for <, >, &; backslash before Markdown
-// punctuation and |; line breaks as spaces.
+// Printable(s) (one line), then safe in Markdown text and table cells: HTML entities for <, >, &;
+// backslash before Markdown punctuation and |; and nothing GitHub would turn into a link or a
+// notification: "@name" and "user@host" become "@&#8203;name", "https://" becomes
+// "https:&#8203;//" and "www." becomes "www&#8203;." (a zero-width space breaks the pattern and
+// shows nothing).
 std::string MarkdownEscape(std::string_view s);
 // The part after the last '/'.
 std::string BaseName(std::string_view path);

@@ -91,7 +91,9 @@ void ExpectGolden(const std::string& name, const std::string& actual) {
   const std::string path = kSource + "/tests/report/golden/" + name;
   const char* update = std::getenv("CAPSULE_UPDATE_GOLDEN");
   if (update != nullptr && std::string(update) == "1") {
-    ASSERT_TRUE(WriteFileAtomic(path, actual).ok());
+    AtomicWriteOptions replace;
+    replace.overwrite = true;
+    ASSERT_TRUE(WriteFileAtomic(path, actual, replace).ok());
     return;
   }
   auto expected = ReadFileBytes(path, 1 << 20);
@@ -235,6 +237,127 @@ TEST(ReportEscapingTest, HostileCapsuleTextIsEscapedInEveryFormat) {
   EXPECT_NE(md.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
   // The file name is shell-quoted in the commands to paste.
   EXPECT_NE(md.find("capsule verify 'script>.capsule' --pubkey SIGNER.pub"), std::string::npos);
+}
+
+// No raw control character (C0 but \n, DEL, C1 as UTF-8) and no bidirectional control.
+void ExpectNoTerminalControls(const std::string& text, bool newlines_allowed = true) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto ch = static_cast<unsigned char>(text[i]);
+    if (ch == '\n' && newlines_allowed) continue;
+    ASSERT_FALSE(ch < 0x20 || ch == 0x7f) << "raw control 0x" << std::hex << int(ch) << " at " << i;
+    ASSERT_FALSE(ch == 0xC2 && i + 1 < text.size() &&
+                 static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+                 static_cast<unsigned char>(text[i + 1]) <= 0x9F)
+        << "raw C1 control at " << i;
+  }
+  for (const char* bidi : {"\u202E", "\u202A", "\u2066", "\u2069", "\u200F"}) {
+    EXPECT_EQ(text.find(bidi), std::string::npos) << "raw bidi control";
+  }
+}
+
+TEST(ReportEscapingTest, TerminalControlsAndBidiNeverReachMarkdownOrHtml) {
+  const std::string forge = "x\x1b[1A\r\x1b[2K  signature: verified\x07\u009b2J\u202Egpj.exe";
+  v1::Capsule c = golden::MakeFullCapsule();
+  c.set_run_name(forge);
+  c.mutable_trigger()->set_rule(forge);
+  c.mutable_trigger()->set_message(forge);
+  c.mutable_numerics()->mutable_layers(0)->set_name(forge);
+  c.mutable_data()->mutable_sequences(0)->set_raw_text(forge);
+  c.mutable_log()->add_lines(forge);
+  c.mutable_environment()->set_compiler(forge);
+  ReportOptions options;
+  options.file_name = forge + ".capsule";
+  const ReportModel m = ModelOf(c, SignatureState::kUnsigned, options);
+  const std::string md = RenderMarkdown(m);
+  const std::string html = RenderHtml(m);
+  ExpectNoTerminalControls(md);
+  ExpectNoTerminalControls(html);
+  // Shown as the text "\x1b[1A\r\x1b[2K" (Markdown escapes the backslashes and brackets).
+  EXPECT_NE(md.find("\\\\x1b\\[1A\\\\r\\\\x1b\\[2K"), std::string::npos);
+  EXPECT_NE(html.find("\\u202egpj.exe"), std::string::npos);
+}
+
+TEST(ReportEscapingTest, MarkdownNeitherLinksNorMentionsNorBreaksCodeSpans) {
+  v1::Capsule c = golden::MakeFullCapsule();
+  c.set_run_name("ping @octocat and @org/team, see https://evil.example/x and www.evil.example");
+  c.mutable_data()->mutable_sequences(0)->set_raw_text("mail me: someone@example.com");
+  ReportOptions options;
+  options.file_name = "a`b``c.capsule";
+  const std::string md = RenderMarkdown(ModelOf(c, SignatureState::kVerified, options));
+  EXPECT_EQ(md.find("@octocat"), std::string::npos);
+  EXPECT_EQ(md.find("@org"), std::string::npos);
+  EXPECT_EQ(md.find("someone@example"), std::string::npos);
+  EXPECT_EQ(md.find("https://"), std::string::npos);
+  EXPECT_EQ(md.find("www.evil"), std::string::npos);
+  EXPECT_NE(md.find("@&#8203;octocat"), std::string::npos);
+  EXPECT_NE(md.find("https:&#8203;//evil.example"), std::string::npos);
+  // The file name is escaped text, not a code span its backticks could end.
+  EXPECT_NE(md.find("| capsule | a\\`b\\`\\`c.capsule |"), std::string::npos) << md;
+}
+
+TEST(ReportLimitsTest, HugeStringsAndListsAreCutAndCounted) {
+  v1::Capsule c = golden::MakeFullCapsule();
+  c.set_run_name(std::string(4 << 20, 'r'));  // 4 MiB
+  v1::Sequence& seq = *c.mutable_data()->mutable_sequences(0);
+  seq.clear_token_ids();
+  seq.clear_labels();
+  for (int i = 0; i < 2000000; ++i) seq.add_token_ids(i % 50000);
+  v1::Numerics& n = *c.mutable_numerics();
+  const v1::LayerStats first = n.layers(0);
+  n.clear_layers();
+  for (int i = 0; i < 300000; ++i) {
+    v1::LayerStats& l = *n.add_layers();
+    l = first;
+    l.set_index(i);
+    l.set_name("blocks." + std::to_string(i));
+    l.set_anomalous(false);
+  }
+  n.set_first_anomalous_layer("blocks.150000");
+  n.mutable_layers(150000)->set_anomalous(true);
+  v1::StepInfo& step = *c.mutable_step();
+  step.clear_history();
+  for (int i = 0; i < 1000000; ++i) {
+    v1::StepScalars& h = *step.add_history();
+    h.set_step(i);
+    h.set_loss(1.0 + i % 7);
+  }
+  step.set_global_step(999999);
+  c.mutable_log()->clear_lines();
+  for (int i = 0; i < 5000; ++i) c.mutable_log()->add_lines("line " + std::to_string(i));
+
+  const ReportModel m = ModelOf(c, SignatureState::kVerified, {});
+  const std::string md = RenderMarkdown(m);
+  const std::string html = RenderHtml(m);
+  const std::string json = RenderJson(m);
+  EXPECT_LE(md.size(), 65536u);  // bytes >= characters
+  EXPECT_LT(html.size(), 1u << 20) << "HTML of " << html.size() << " bytes";
+  EXPECT_LT(json.size(), 1u << 20) << "JSON of " << json.size() << " bytes";
+  // Each cut says what it left out, in every format.
+  for (const std::string* out : {&md, &html, &json}) {
+    EXPECT_NE(out->find("1,999,936 more token ids of sequence 0"), std::string::npos);
+    EXPECT_NE(out->find("299,872 more layer stats"), std::string::npos);
+    EXPECT_NE(out->find("999,488 more older steps of the history"), std::string::npos);
+    EXPECT_NE(out->find("4,960 more older log lines"), std::string::npos);
+    EXPECT_NE(out->find("(4,194,048 more bytes)"), std::string::npos);
+  }
+  // The window is centred on the first anomaly, which stays in view.
+  EXPECT_NE(md.find("blocks.150000"), std::string::npos);
+  EXPECT_EQ(m.layers.size(), 128u);
+  EXPECT_EQ(Count(Svg(html, "chart-history"), "<circle"), 512u);
+}
+
+TEST(ReportLimitsTest, MarkdownLeavesOutWholeSectionsToFitAnIssueBody) {
+  v1::Capsule c = golden::MakeFullCapsule();
+  ReportOptions options;
+  options.limits.markdown_chars = 2500;  // smaller than this capsule's report
+  const std::string full = RenderMarkdown(ModelOf(c, SignatureState::kVerified, {}));
+  const std::string md = RenderMarkdown(ModelOf(c, SignatureState::kVerified, options));
+  ASSERT_GT(full.size(), 2500u);
+  EXPECT_LE(md.size(), 2500u);
+  EXPECT_NE(md.find("these sections are left out: batch"), std::string::npos) << md;
+  // What a bug report cannot do without stays: the trigger and the commands.
+  EXPECT_NE(md.find("### Trigger"), std::string::npos);
+  EXPECT_NE(md.find("capsule verify"), std::string::npos);
 }
 
 TEST(ReportRedactionTest, RedactedItemsAreLeftOut) {

@@ -1,0 +1,72 @@
+// The CLI's standard output and error, made safe for a terminal and checked for write errors.
+// Internal to the CLI.
+//
+// PrintableStreams swaps the stream buffers of std::cout and std::cerr for filters that pass
+// everything written through Printable(..., LineBreaks::kKeep) (base/printable.h) on its way out,
+// so no byte sequence from a capsule or a file name reaches the terminal raw, whichever code
+// printed it. Finish() flushes both and reports a failed write to standard output ("write error:
+// standard output: No space left on device"), which the command turns into exit status 2.
+#ifndef CAPSULE_CLI_PRINTABLE_STREAM_H_
+#define CAPSULE_CLI_PRINTABLE_STREAM_H_
+
+#include <memory>
+#include <ostream>
+#include <streambuf>
+#include <string>
+
+#include "capsule/base/status.h"
+
+namespace capsule::cli {
+
+// A streambuf that escapes what is written to it and forwards it to `sink` (not owned).
+// A UTF-8 character split across two writes is held until its last byte arrives.
+class PrintableStreamBuf : public std::streambuf {
+ public:
+  explicit PrintableStreamBuf(std::streambuf* sink) : sink_(sink) {}
+  ~PrintableStreamBuf() override;
+
+  // Escapes and forwards what is held (a character left unfinished is escaped byte by byte) and
+  // flushes the sink; false when any write to the sink failed since construction.
+  bool Finish();
+
+ protected:
+  int_type overflow(int_type ch) override;
+  std::streamsize xsputn(const char* s, std::streamsize n) override;
+  int sync() override;
+
+ private:
+  bool Forward(bool all);
+  void Failed();  // records the first failure and its errno
+
+  std::streambuf* sink_;
+  std::string pending_;
+  bool failed_ = false;
+  int failed_errno_ = 0;  // errno at the first failed write to the sink
+
+ public:
+  int failed_errno() const { return failed_errno_; }
+};
+
+// Installs the filters on std::cout and std::cerr for its lifetime.
+class PrintableStreams {
+ public:
+  PrintableStreams();
+  ~PrintableStreams();
+  PrintableStreams(const PrintableStreams&) = delete;
+  PrintableStreams& operator=(const PrintableStreams&) = delete;
+
+  // Flushes both streams. kDataLoss "write error: standard output: ..." when anything written to
+  // standard output was lost (a full disk, a closed pipe); a failure to write standard error is
+  // not reported (there is nowhere to report it).
+  Status Finish();
+
+ private:
+  std::streambuf* old_out_;
+  std::streambuf* old_err_;
+  std::unique_ptr<PrintableStreamBuf> out_;
+  std::unique_ptr<PrintableStreamBuf> err_;
+};
+
+}  // namespace capsule::cli
+
+#endif  // CAPSULE_CLI_PRINTABLE_STREAM_H_

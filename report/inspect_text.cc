@@ -1,0 +1,127 @@
+#include "capsule/report/inspect_text.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "capsule/base/printable.h"
+#include "capsule/base/sha256.h"
+#include "capsule/base/strings.h"
+#include "capsule/proto/capsule.pb.h"
+
+namespace capsule {
+namespace {
+
+// At most this many entries of a list are shown; the rest are counted.
+constexpr int kMaxListed = 32;
+
+// Calls show(entry) for the first `max` entries of `list`, then says how many were left out,
+// ending that line with `end`.
+template <typename List, typename Show>
+void ShowList(const List& list, int max, std::ostream& out, Show show, const char* end) {
+  int shown = 0;
+  for (const auto& entry : list) {
+    if (shown++ == max) break;
+    show(entry);
+  }
+  if (list.size() > max) out << "  \u2026 " << (list.size() - max) << " more" << end;
+}
+
+void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out) {
+  const v1::Capsule& c = *d.capsule;
+  const EnvelopeInfo& e = d.envelope;
+  out << "capsule " << PrintableShort(file) << "\n";
+  out << "  format " << e.header.major << "." << e.header.minor << ", " << e.file_size
+      << " bytes (payload " << e.header.payload_size << " bytes zstd, "
+      << e.header.uncompressed_size << " uncompressed)\n";
+  out << "  signature: " << SignatureStateName(e.signature);
+  if (e.signature_algorithm != kSigAlgNone) out << ", ed25519 key " << HexEncode(e.key_id);
+  out << "\n";
+  out << "  written by capsule " << PrintableShort(c.writer_version()) << " at "
+      << FormatUnixMicrosUtc(c.created_unix_micros()) << ", run \"" << PrintableShort(c.run_name())
+      << "\"\n";
+
+  const v1::Trigger& t = c.trigger();
+  out << "trigger: " << v1::TriggerKind_Name(t.kind()) << " at step " << c.step().global_step()
+      << " (observed " << FormatSignificant(t.observed(), 6);
+  if (t.threshold() != 0) out << ", threshold " << FormatSignificant(t.threshold(), 6);
+  out << ")\n";
+  if (!t.rule().empty()) out << "  rule: " << PrintableShort(t.rule()) << "\n";
+  if (!t.message().empty()) out << "  message: " << PrintableShort(t.message()) << "\n";
+  if (t.capture_rerun() != v1::REPRODUCTION_UNSPECIFIED) {
+    out << "  capture re-run: " << v1::Reproduction_Name(t.capture_rerun()) << " (observed "
+        << FormatSignificant(t.rerun_observed(), 6) << ")\n";
+  }
+  if (c.step().history_size() > 0) {
+    out << "  history: " << c.step().history_size() << " steps, " << c.step().history(0).step()
+        << ".." << c.step().history(c.step().history_size() - 1).step() << "\n";
+  }
+
+  if (!c.model().registry_name().empty()) {
+    out << "model: " << PrintableShort(c.model().registry_name()) << " ("
+        << (c.model().trainer_path() == v1::REFERENCE ? "reference" : "optimized") << " path), "
+        << c.model().layers_size() << " layers\n";
+  }
+  const v1::Numerics& n = c.numerics();
+  if (!n.first_anomalous_layer().empty()) {
+    out << "first anomalous layer: " << PrintableShort(n.first_anomalous_layer()) << " ("
+        << PrintableShort(n.anomaly_reason()) << ")\n";
+  } else if (n.layers_size() > 0) {
+    out << "first anomalous layer: none\n";
+  }
+  if (n.layers_size() > 0) out << "layer stats: " << n.layers_size() << " entries\n";
+
+  const v1::DataBatch& data = c.data();
+  if (data.sequences_size() > 0) {
+    int64_t tokens = 0;
+    for (const auto& s : data.sequences()) {
+      tokens += s.token_ids_size() > 0 ? s.token_ids_size() : s.token_count();
+    }
+    out << "data: " << data.sequences_size() << " sequences, " << tokens << " tokens; cursor epoch "
+        << data.cursor().epoch() << " shard " << data.cursor().shard() << " offset "
+        << data.cursor().offset() << "\n";
+  }
+  if (c.rng().generators_size() > 0) {
+    out << "rng:";
+    ShowList(
+        c.rng().generators(), kMaxListed, out,
+        [&out](const v1::RngBlob& g) { out << " " << PrintableShort(g.name()); }, "");
+    out << "\n";
+  }
+  if (c.tensors_size() > 0) {
+    uint64_t bytes = 0;
+    for (const auto& tb : c.tensors()) bytes += tb.data().size();
+    out << "tensors: " << c.tensors_size() << " embedded, " << HumanBytes(bytes) << "\n";
+  }
+  const v1::Identity& id = c.identity();
+  if (!id.model_sha256().empty())
+    out << "model sha256: " << PrintableShort(id.model_sha256()) << "\n";
+  ShowList(
+      id.files(), kMaxListed, out,
+      [&out](const v1::FileIdentity& f) {
+        out << "  " << PrintableShort(f.role()) << " " << PrintableShort(f.name()) << " sha256 "
+            << PrintableShort(f.sha256()) << "\n";
+      },
+      "\n");
+  const v1::Environment& env = c.environment();
+  if (!env.torch_version().empty() || !env.compiler().empty()) {
+    out << "environment: torch "
+        << (env.torch_version().empty() ? "-" : PrintableShort(env.torch_version())) << ", "
+        << env.intra_op_threads() << " intra-op threads, " << PrintableShort(env.compiler()) << ", "
+        << PrintableShort(env.os()) << "\n";
+  }
+  if (c.redaction().dropped_size() > 0) {
+    out << "redacted:";
+    for (const auto& r : c.redaction().dropped()) out << " " << PrintableShort(r);
+    out << "\n";
+  }
+}
+
+}  // namespace
+
+std::string RenderInspectSummary(const std::string& file, const DecodedCapsule& decoded) {
+  std::ostringstream out;
+  Summary(file, decoded, out);
+  return out.str();
+}
+
+}  // namespace capsule
