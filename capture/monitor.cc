@@ -241,10 +241,11 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   const int64_t step = state_->snap ? state_->snap->step : 0;
   const std::string what =
       std::string(TriggerKindName(fired.kind)) + " at step " + std::to_string(step);
-  if (capsules_written_ >= options_.max_capsules) {
+  if (capsules_written_ + captures_failed_ >= options_.max_capsules) {
     report.rate_limited = true;
     report.summary = what + ": no capsule (limit of " + std::to_string(options_.max_capsules) +
-                     " per run reached)";
+                     " capture attempts per run reached: " + std::to_string(capsules_written_) +
+                     " written, " + std::to_string(captures_failed_) + " failed)";
     Emit("capsule: " + report.summary);
     return report;
   }
@@ -274,15 +275,20 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
     s = InternalError("capture failed: unknown exception");
   }
   report.status = s;
+  // Written or not, the attempt opens this kind's window: retrying at every later step would
+  // re-run each of them and most likely fail the same way.
+  state_->last_capture_step[fired.kind] = step;
   if (s.ok()) {
     ++capsules_written_;
-    state_->last_capture_step[fired.kind] = step;
     report.summary = what + ": wrote " + report.capsule_path;
     if (!report.first_anomalous_layer.empty()) {
       report.summary += " (first anomalous layer " + report.first_anomalous_layer + ")";
     }
   } else {
-    report.summary = what + ": capsule not written: " + s.message();
+    ++captures_failed_;
+    report.summary = what + ": capsule not written: " + s.message() + "; further " +
+                     TriggerKindName(fired.kind) + " triggers within " +
+                     std::to_string(options_.min_steps_between_same_kind) + " steps are suppressed";
   }
   Emit("capsule: " + report.summary);
   Log("capsule: " + report.summary);

@@ -59,8 +59,11 @@ struct MonitorOptions {
   // Names the run in file names: <run>-step<N>-rank<R>-<trigger>.capsule.
   std::string run_name = "run";
 
-  // Rate limits, so a diverged run does not fill the disk: at most `max_capsules` per Monitor, and
-  // at most one per trigger kind within `min_steps_between_same_kind` steps.
+  // Rate limits, so a diverged run does not fill the disk or stall on captures that keep failing:
+  // at most `max_capsules` capture attempts per Monitor, and at most one per trigger kind within
+  // `min_steps_between_same_kind` steps. A failed attempt (full disk, unwritable directory, bad
+  // key) counts like a written capsule: each attempt re-runs the step, and a cause that failed
+  // once will usually fail again.
   int max_capsules = 8;
   int64_t min_steps_between_same_kind = 100;
 
@@ -188,6 +191,8 @@ class Monitor {
   StepReport RunStep(const std::function<void()>& step_fn);
 
   int capsules_written() const { return capsules_written_; }
+  // Capture attempts that failed (each is counted against the rate limits too).
+  int captures_failed() const { return captures_failed_; }
   const MonitorOptions& options() const { return options_; }
 
  private:
@@ -200,6 +205,7 @@ class Monitor {
   MonitorOptions options_;
   std::unique_ptr<State> state_;
   int capsules_written_ = 0;
+  int captures_failed_ = 0;
 };
 
 }  // namespace capsule

@@ -277,6 +277,50 @@ TEST(CaptureFailure, UnwritableDirectory) {
   EXPECT_EQ(m.capsules_written(), 0);
 }
 
+TEST(CaptureFailure, AFailedWriteCountsAgainstTheRateLimits) {
+  // Under a full disk or an unwritable directory every attempt fails the same way: the Monitor
+  // must not re-run the capture at every later step.
+  TempDir dir;
+  const std::string file = dir.path() + "/not-a-dir";
+  std::ofstream(file) << "x";
+  MonitorOptions o = QuietOptions(file + "/caps");
+  std::vector<std::string> lines;
+  o.log_sink = [&](const std::string& l) { lines.push_back(l); };
+  o.min_steps_between_same_kind = 100;
+  o.max_capsules = 3;
+  Monitor m(o);
+  StepBatch b;
+  b.tensors.input_ids = at::zeros({1, 2}, at::kLong);
+  StepScalars nan_loss;
+  nan_loss.loss = NAN;
+  int attempted = 0;
+  for (int step = 6; step <= 11; ++step) {
+    m.BeginStep(step, {}, b);
+    const StepReport r = m.EndStep(nan_loss);
+    EXPECT_TRUE(r.triggered);
+    if (!r.rate_limited) ++attempted;
+  }
+  EXPECT_EQ(attempted, 1);
+  EXPECT_EQ(m.captures_failed(), 1);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("further NON_FINITE_LOSS triggers within 100 steps are suppressed"),
+            std::string::npos)
+      << lines[0];
+  // And the per-run limit counts failures: three kinds, three failed attempts, then nothing.
+  StepScalars nan_grad;
+  nan_grad.loss = 1.0;
+  nan_grad.grad_norm = NAN;
+  m.BeginStep(12, {}, b);
+  EXPECT_FALSE(m.EndStep(nan_grad).rate_limited);
+  m.BeginStep(13, {}, b);
+  EXPECT_FALSE(m.CaptureNow("manual").rate_limited);
+  m.BeginStep(200, {}, b);
+  const StepReport over = m.EndStep(nan_loss);
+  EXPECT_TRUE(over.rate_limited);
+  EXPECT_NE(over.summary.find("0 written, 3 failed"), std::string::npos) << over.summary;
+  EXPECT_EQ(m.captures_failed(), 3);
+}
+
 TEST(CaptureFailure, MissingKeyBadKeyAndOpenKey) {
   TempDir dir;
   StepBatch b;
