@@ -16,8 +16,11 @@ namespace {
 // `registry` is null in a build without LibTorch (no replay subcommand).
 int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   CLI::App app{"capsule: failure capsules for ML training — record, verify, inspect, replay"};
+  app.name("capsule");  // usage lines say "capsule report", whatever path ran it
   app.set_version_flag("--version", std::string("capsule ") + CapsuleVersion());
   app.require_subcommand(1);
+  // --help shows each option's default ("--format TEXT [md]"); subcommands inherit this.
+  app.option_defaults()->always_capture_default();
   RunFn run;
   SetupKeygenCommand(app, &run);
   SetupInspectCommand(app, &run);
@@ -31,6 +34,19 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
 #else
   (void)registry;
 #endif
+  // CLI11 would answer "A subcommand is required" without naming what it did not know.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string name = argv[1];
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      found |= sub->get_name() == name;
+    }
+    if (!found) {
+      PrintError(InvalidArgumentError("unknown command '" + name + "'"),
+                 "capsule --help lists the commands");
+      return kExitError;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

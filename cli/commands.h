@@ -34,6 +34,10 @@ struct TrustOptions {
 // trust options of every subcommand that reads a capsule except verify.
 void AddTrustOptions(CLI::App* cmd, TrustOptions* trust);
 
+// A finite number >= 0; says so with the value given ("--atol: -1 is not a number >= 0"), where
+// CLI::NonNegativeNumber would print the largest double.
+CLI::Validator NonNegativeNumber();
+
 // Declares --force: replace an existing regular file at the output path (never anything else,
 // and never the command's own input).
 void AddForceOption(CLI::App* cmd, bool* force);

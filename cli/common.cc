@@ -1,7 +1,9 @@
 #include "capsule/cli/common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "capsule/base/file_util.h"
@@ -76,6 +78,19 @@ void AddTrustOptions(CLI::App* cmd, TrustOptions* trust) {
                 "Accept an unsigned capsule, or one whose signer is not given with --pubkey "
                 "(reported as such)")
       ->excludes(pub);
+}
+
+CLI::Validator NonNegativeNumber() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !std::isfinite(v) || v < 0) {
+          return text + " is not a number >= 0";
+        }
+        return "";
+      },
+      "NUMBER>=0");
 }
 
 void AddForceOption(CLI::App* cmd, bool* force) {

@@ -100,9 +100,9 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
       ->default_str("bisect")
       ->check(CLI::IsMember({"bisect", "linear"}));
   cmd->add_option("--atol", options->atol, "Absolute tolerance for every layer")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd->add_option("--rtol", options->rtol, "Relative tolerance for every layer")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegativeNumber());
   cmd->add_option("--layer-tol", options->layer_tol, "Per-layer tolerance NAME=ATOL,RTOL");
   cmd->add_flag("--json", options->json, "Print the result as JSON");
   cmd->callback([options, run, registry, cmd] {

@@ -37,6 +37,7 @@ run verify golden/valid/full.capsule --pubkey keys/test-only-other.pub
 run verify golden/does-not-exist.capsule --pubkey keys/test-only.pub
 run verify golden/valid/full.capsule
 run frobnicate
+run report --help
 
 # report and diff (the report's full Markdown/JSON/HTML is golden-tested in tests/report/).
 run report golden/valid/unsigned.capsule --allow-unsigned

@@ -128,6 +128,17 @@ grep -q -- "--force" "$work/redact.err" || bad redact-no-force "$(cat "$work/red
   bad redact-force "the forced output does not verify"
 echo "ok: -o needs --force to replace, refuses a FIFO and the input itself"
 
+# Usage errors name what was wrong, briefly.
+"$capsule" frobnicate 2> "$work/unknown.err"
+[ $? -eq 2 ] || bad unknown-command "exit status"
+grep -q "unknown command 'frobnicate'" "$work/unknown.err" || bad unknown-command "$(cat "$work/unknown.err")"
+if "$capsule" --help | grep -q '^  replay'; then
+  "$capsule" replay "$full" --pubkey "$keys/test-only.pub" --atol -1 2> "$work/atol.err"
+  [ $? -eq 2 ] || bad atol "exit status"
+  grep -q -- "--atol: -1 is not a number >= 0" "$work/atol.err" || bad atol "$(cat "$work/atol.err")"
+  [ "$(wc -c < "$work/atol.err")" -lt 200 ] || bad atol "a $(wc -c < "$work/atol.err")-byte message"
+fi
+
 # A FIFO as input is refused at once, by every reader.
 for cmd in inspect verify report; do
   timeout 20 "$capsule" "$cmd" "$work/fifo" --pubkey "$keys/test-only.pub" > /dev/null \
