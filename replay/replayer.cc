@@ -9,6 +9,8 @@
 #include <cstring>
 #include <map>
 
+#include "capsule/base/printable.h"
+#include "capsule/base/strings.h"
 #include "capsule/bisect/search.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/probe/environment.h"
@@ -328,17 +330,33 @@ void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayRepor
                SameBits(s.mean(), rec.forward.mean) && SameBits(s.rms(), rec.forward.rms);
     }
   }
-  auto show = [](double v) {
-    if (std::isnan(v)) return std::string("nan");
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.9g", v);
-    return std::string(buf);
-  };
-  const std::string detail = std::string(grad ? "grad norm" : "loss") + ": captured " +
-                             show(captured) + ", replayed " + show(replayed);
-  report.set_fidelity(!fires  ? v1::NOT_REPRODUCED
-                      : exact ? v1::REPRODUCED_EXACT
-                              : v1::REPRODUCED_APPROX);
+  auto show = [](double v) { return FormatSignificant(v, 9); };
+  std::string detail = std::string(grad ? "grad norm" : "loss") + ": captured " + show(captured) +
+                       ", replayed " + show(replayed);
+  v1::Fidelity fidelity = !fires  ? v1::NOT_REPRODUCED
+                          : exact ? v1::REPRODUCED_EXACT
+                                  : v1::REPRODUCED_APPROX;
+  if (kind == TriggerKind::kException) {
+    // What matters is the exception, not the loss: did the model's layers throw again?
+    const std::string captured_text = PrintableShort(t.message(), 200);
+    detail = run.error.empty()
+                 ? "the exception did not recur in the model's layers (captured: \"" +
+                       captured_text + "\"); replayed loss " + show(replayed)
+                 : "the exception recurred in the model's layers: \"" +
+                       PrintableShort(run.error, 200) + "\" (captured: \"" + captured_text + "\")";
+  }
+  bool step_loss_recorded = false;
+  for (const auto& h : c.step().history()) {
+    step_loss_recorded |= h.step() == c.step().global_step() && h.has_loss();
+  }
+  if (kind == TriggerKind::kManual && std::isnan(captured) && !step_loss_recorded) {
+    fidelity = v1::NOT_CHECKED;
+    detail =
+        "manual capture before the step reported its loss: nothing to compare (replayed "
+        "loss " +
+        show(replayed) + ")";
+  }
+  report.set_fidelity(fidelity);
   report.set_fidelity_detail(detail);
 }
 

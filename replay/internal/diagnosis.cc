@@ -26,6 +26,8 @@ void Diagnose(v1::ReplayReport& report) {
     report.set_first_divergent_phase(first->phase());
     report.set_first_divergent_source(v1::LAYERWISE);
   }
+  // NOT_CHECKED (a manual capture with nothing to compare) is not evidence of a transient: the
+  // layerwise comparison decides.
   if (report.fidelity() == v1::NOT_REPRODUCED) {
     report.set_diagnosis(v1::TRANSIENT);
   } else if (report.reference_anomalous()) {

@@ -52,6 +52,15 @@ TEST(DiagnoseTest, Table) {
        "blocks.0",
        F,
        v1::LAYERWISE},
+      {"a manual capture with nothing to compare is judged by the layers, never transient",
+       v1::NOT_CHECKED,
+       false,
+       {{0, "embed", F, kOk}, {1, "blocks.0", F, kBad}},
+       nullptr,
+       v1::NUMERICS,
+       "blocks.0",
+       F,
+       v1::LAYERWISE},
       {"forward wins over an earlier backward entry",
        v1::REPRODUCED_APPROX,
        false,
@@ -216,6 +225,40 @@ TEST(JudgeFidelityTest, ExceptionFiresWhenTheRunThrows) {
   threw.error = "layer blocks.0 threw";
   EXPECT_NE(Judge(c, threw), v1::NOT_REPRODUCED);
   EXPECT_EQ(Judge(c, ReplayedRun(0)), v1::NOT_REPRODUCED);
+}
+
+TEST(JudgeFidelityTest, ManualCaptureWithoutALossIsNotCheckedNeverNotReproduced) {
+  // CaptureNow before EndStep: no observed value, no loss for the step in the history.
+  v1::Capsule c = Captured(v1::MANUAL, kNan);
+  c.mutable_step()->set_global_step(3);
+  c.mutable_step()->add_history()->set_step(2);
+  c.mutable_step()->mutable_history(0)->set_loss(4.0);
+  v1::ReplayReport report;
+  internal::JudgeFidelity(c, ReplayedRun(4.25), report);
+  EXPECT_EQ(report.fidelity(), v1::NOT_CHECKED);
+  EXPECT_NE(report.fidelity_detail().find("nothing to compare"), std::string::npos);
+  // With a NaN loss recorded for the step, NaN is what was observed.
+  v1::StepScalars& now = *c.mutable_step()->add_history();
+  now.set_step(3);
+  now.set_loss(kNan);
+  EXPECT_EQ(Judge(c, ReplayedRun(kNan)), v1::REPRODUCED_EXACT);
+}
+
+TEST(JudgeFidelityTest, ExceptionDetailQuotesIt) {
+  v1::Capsule c = Captured(v1::EXCEPTION, 0);
+  c.mutable_trigger()->set_message("kernel exploded");
+  v1::ReplayReport gone;
+  internal::JudgeFidelity(c, ReplayedRun(1.33), gone);
+  EXPECT_EQ(gone.fidelity_detail(),
+            "the exception did not recur in the model's layers (captured: \"kernel exploded\"); "
+            "replayed loss 1.33");
+  ProbeResult threw = ReplayedRun(0);
+  threw.error = "layer blocks.0 threw: bad shape";
+  v1::ReplayReport again;
+  internal::JudgeFidelity(c, threw, again);
+  EXPECT_EQ(again.fidelity_detail(),
+            "the exception recurred in the model's layers: \"layer blocks.0 threw: bad shape\" "
+            "(captured: \"kernel exploded\")");
 }
 
 TEST(JudgeFidelityTest, ManualCaptureReproducesTheStepItself) {
