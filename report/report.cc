@@ -377,6 +377,26 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
   }
   m.log_error = cap.Text(c.log().error(), 1024);
 
+  int with_text = 0;
+  int with_tokens = 0;
+  for (const ReportSequence& s : m.sequences) {
+    with_text += !s.raw_text.empty();
+    with_tokens += !s.token_ids.empty();
+  }
+  auto sequences = [](int n) { return std::to_string(n) + (n == 1 ? " sequence" : " sequences"); };
+  if (with_text > 0)
+    m.private_data.push_back({"text", "raw sample text of " + sequences(with_text)});
+  if (with_tokens > 0) {
+    m.private_data.push_back({"tokens", "token ids of " + sequences(with_tokens)});
+  }
+  const bool has_dirs = std::any_of(m.files.begin(), m.files.end(), [](const ReportFile& f) {
+    return f.path.find('/') != std::string::npos;
+  });
+  if (has_dirs) m.private_data.push_back({"paths", "file paths with their directories"});
+  for (const ReportKeyValue& kv : m.environment) {
+    if (kv.key == "host" && kv.value != "-") m.private_data.push_back({"host", "the host name"});
+  }
+
   if (replay != nullptr) m.replay = ReplayModel(*replay, cap);
 
   std::ostringstream summary;

@@ -162,6 +162,9 @@ struct ReportModel {
   std::string file_name;
   std::string file_sha256;
   std::vector<std::string> redacted;  // what this report leaves out, e.g. {"text", "host"}
+  // The private data this report shows, as redaction items with what they are, e.g.
+  // {"text", "raw sample text of 2 sequences"}: said at the top, with the --redact to drop it.
+  std::vector<ReportKeyValue> private_data;
 
   std::string run_name;
   std::string writer_version;

@@ -325,6 +325,15 @@ void Provenance(std::ostream& out, const ReportModel& m) {
     head.push_back({"left out of this report", r});
   }
   KeyValueTable(out, head);
+  if (!m.private_data.empty()) {
+    out << "<p class=\"warning\" id=\"private-data\">Contains private data: ";
+    std::string items;
+    for (size_t i = 0; i < m.private_data.size(); ++i) {
+      out << (i ? "; " : "") << HtmlEscape(m.private_data[i].value);
+      items += (i ? "," : "") + m.private_data[i].key;
+    }
+    out << ". Leave it out with <code>--redact " << items << "</code>.</p>\n";
+  }
   if (!m.left_out.empty()) {
     out << "<p class=\"warning\" id=\"left-out\">Shortened to stay readable: ";
     for (size_t i = 0; i < m.left_out.size(); ++i) {

@@ -86,6 +86,7 @@ std::string RenderJson(const ReportModel& m) {
   SetIfPresent(m.signer_key_id, [&j](const auto& v) { j.set_signer_key_id(v); });
   for (const auto& r : m.redacted) j.add_redacted(r);
   for (const auto& note : m.left_out) j.add_left_out(note);
+  FillKeyValues(m.private_data, j.mutable_private_data());
   j.set_summary(m.summary);
   j.set_run_name(m.run_name);
   j.set_writer_version(m.writer_version);

@@ -126,6 +126,18 @@ void Provenance(std::ostream& out, const ReportModel& m) {
   out << "\n";
 }
 
+// What private data follows, and how to leave it out: the sender reads this before pasting.
+void PrivateData(std::ostream& out, const ReportModel& m) {
+  if (m.private_data.empty()) return;
+  out << "> **Contains private data:** ";
+  std::string items;
+  for (size_t i = 0; i < m.private_data.size(); ++i) {
+    out << (i ? "; " : "") << MarkdownEscape(m.private_data[i].value);
+    items += (i ? "," : "") + m.private_data[i].key;
+  }
+  out << ". Leave it out with `--redact " << items << "`.\n\n";
+}
+
 void Diagnosis(std::ostream& out, const ReportModel& m) {
   if (!m.replay) return;
   const ReportReplay& r = *m.replay;
@@ -321,6 +333,7 @@ std::string RenderMarkdown(const ReportModel& m) {
   std::vector<Section> sections = {
       {Title, nullptr, 0, {}},
       {Provenance, nullptr, 0, {}},
+      {PrivateData, nullptr, 0, {}},
       {Diagnosis, nullptr, 0, {}},
       {Trigger, nullptr, 0, {}},
       {History, "step history", 3, {}},

@@ -360,6 +360,24 @@ TEST(ReportLimitsTest, MarkdownLeavesOutWholeSectionsToFitAnIssueBody) {
   EXPECT_NE(md.find("capsule verify"), std::string::npos);
 }
 
+TEST(ReportRedactionTest, TheTopSaysWhatPrivateDataFollowsAndHowToDropIt) {
+  const std::string md = RenderMarkdown(FullModel());
+  EXPECT_NE(md.find("> **Contains private data:** raw sample text of 2 sequences; token ids of 2 "
+                    "sequences; file paths with their directories; the host name. Leave it out "
+                    "with `--redact text,tokens,paths,host`."),
+            std::string::npos)
+      << md;
+  EXPECT_LT(md.find("Contains private data"), md.find("### Trigger"));
+  EXPECT_NE(RenderHtml(FullModel()).find("id=\"private-data\""), std::string::npos);
+  ReportRedaction all;
+  all.text = all.tokens = all.paths = all.host = true;
+  EXPECT_EQ(RenderMarkdown(FullModel(all)).find("Contains private data"), std::string::npos);
+  ReportRedaction text_only;
+  text_only.text = true;
+  EXPECT_NE(RenderMarkdown(FullModel(text_only)).find("`--redact tokens,paths,host`"),
+            std::string::npos);
+}
+
 TEST(ReportRedactionTest, RedactedItemsAreLeftOut) {
   auto redact = ParseRedactItemList("text,tokens,paths,host");
   ASSERT_TRUE(redact.ok());
