@@ -95,6 +95,37 @@ std::string Printable(std::string_view text, LineBreaks breaks) {
   return out;
 }
 
+bool IsUtf8(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    uint32_t cp = 0;
+    const size_t len = DecodeUtf8(text.substr(i), &cp);
+    if (len == 0) return false;
+    i += len;
+  }
+  return true;
+}
+
+std::string EscapeInvalidUtf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    uint32_t cp = 0;
+    const size_t len = DecodeUtf8(text.substr(i), &cp);
+    if (len == 0) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(text[i]));
+      out += buf;
+      ++i;
+    } else {
+      out.append(text.data() + i, len);
+      i += len;
+    }
+  }
+  return out;
+}
+
 bool IsPrintable(std::string_view text, LineBreaks breaks) {
   size_t i = 0;
   while (i < text.size()) {

@@ -36,6 +36,14 @@ enum class LineBreaks {
 
 std::string Printable(std::string_view text, LineBreaks breaks = LineBreaks::kEscape);
 
+// True when `text` is RFC 3629 UTF-8 (no overlong forms, surrogates or code points above
+// U+10FFFF): what proto3 demands of a string field.
+bool IsUtf8(std::string_view text);
+
+// `text` with each byte that is not part of valid UTF-8 spelled "\xff"; valid text, controls
+// included, is kept as is. How the writer keeps a string field it was given as bytes.
+std::string EscapeInvalidUtf8(std::string_view text);
+
 // True when Printable(text, breaks) == text.
 bool IsPrintable(std::string_view text, LineBreaks breaks = LineBreaks::kEscape);
 

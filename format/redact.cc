@@ -41,7 +41,7 @@ class TextMatcher {
  public:
   explicit TextMatcher(const v1::DataBatch& data) {
     for (const auto& s : data.sequences()) {
-      const std::string& t = s.raw_text();
+      const std::string& t = s.raw_text().empty() ? s.raw_bytes() : s.raw_text();
       if (t.empty()) continue;
       if (t.size() < kTextWindow) {
         short_.push_back(t);
@@ -78,7 +78,10 @@ class TextMatcher {
 
 void RedactText(v1::Capsule* c) {
   const TextMatcher matcher(c->data());
-  for (auto& s : *c->mutable_data()->mutable_sequences()) s.clear_raw_text();
+  for (auto& s : *c->mutable_data()->mutable_sequences()) {
+    s.clear_raw_text();
+    s.clear_raw_bytes();
+  }
   if (matcher.empty()) return;
   v1::LogRecord* log = c->mutable_log();
   auto leaks = [&](const std::string& line) { return matcher.Leaks(line); };

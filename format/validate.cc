@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/dtype.h"
 #include "capsule/proto/capsule.pb.h"
@@ -92,42 +93,6 @@ Status ValidateStats(const std::string& where, const v1::HealthStats& s) {
   return Status::Ok();
 }
 
-// RFC 3629 UTF-8 (no overlong forms, surrogates or code points above U+10FFFF): what proto3
-// parsing demands of string fields.
-bool IsUtf8(const std::string& s) {
-  const auto* u = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned c = u[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len = 0;
-    unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      return false;
-    }
-    if (n - i < len || u[i + 1] < lo || u[i + 1] > hi) return false;
-    for (size_t k = 2; k < len; ++k) {
-      if (u[i + k] < 0x80 || u[i + k] > 0xbf) return false;
-    }
-    i += len;
-  }
-  return true;
-}
-
 // proto3 parsing rejects a string field that is not UTF-8, but serializing one succeeds: without
 // this check a writer could write a capsule no reader can open (raw sample text, log lines and
 // host names come from outside). Returns false and the field's path at the first bad string.
@@ -159,6 +124,43 @@ bool StringsAreUtf8(const google::protobuf::Message& m, std::string* where) {
     }
   }
   return true;
+}
+
+// MakeStringsUtf8's walk: fixes every invalid string under `m`, naming each from `prefix`.
+void FixStrings(google::protobuf::Message* m, const std::string& prefix,
+                std::vector<std::string>* notes) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m->GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(*m, &fields);
+  for (const FieldDescriptor* f : fields) {
+    const bool is_string = f->type() == FieldDescriptor::TYPE_STRING;
+    if (!is_string && f->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const int n = f->is_repeated() ? r->FieldSize(*m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const std::string where =
+          prefix + f->name() + (f->is_repeated() ? "[" + std::to_string(i) + "]" : "");
+      if (!is_string) {
+        FixStrings(f->is_repeated() ? r->MutableRepeatedMessage(m, f, i) : r->MutableMessage(m, f),
+                   where + ".", notes);
+        continue;
+      }
+      const std::string value = f->is_repeated() ? r->GetRepeatedString(*m, f, i) : r->GetString(*m, f);
+      if (IsUtf8(value)) continue;
+      std::string fixed = EscapeInvalidUtf8(value);
+      size_t escapes = 0;
+      for (size_t at = fixed.find("\\x"); at != std::string::npos; at = fixed.find("\\x", at + 1)) {
+        ++escapes;
+      }
+      notes->push_back(where + ": not valid UTF-8; " + std::to_string(escapes) +
+                       (escapes == 1 ? " byte" : " bytes") + " stored as \\xNN escapes");
+      if (f->is_repeated()) {
+        r->SetRepeatedString(m, f, i, std::move(fixed));
+      } else {
+        r->SetString(m, f, std::move(fixed));
+      }
+    }
+  }
 }
 
 // Every enum field (and repeated enum element) holds a value capsule.proto defines. proto3 enums
@@ -204,6 +206,12 @@ constexpr const char kTimeRange[] = "between 2000-01-01 and 2200-01-01 (microsec
 
 }  // namespace
 
+std::vector<std::string> MakeStringsUtf8(v1::Capsule* capsule) {
+  std::vector<std::string> notes;
+  FixStrings(capsule, "", &notes);
+  return notes;
+}
+
 Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   if (c.writer_version().empty()) return Invalid("writer_version", "must be set");
   if (!IsSaneTime(c.created_unix_micros())) {
@@ -242,6 +250,9 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     if (seq.token_count() < 0) return Invalid(where, "negative token_count");
     if (!seq.token_ids_sha256().empty() && !IsSha256Hex(seq.token_ids_sha256())) {
       return Invalid(where, "token_ids_sha256 is not a lowercase hex SHA-256");
+    }
+    if (!seq.raw_text().empty() && !seq.raw_bytes().empty()) {
+      return Invalid(where, "both raw_text and raw_bytes are set (at most one may be)");
     }
     if (seq.labels_size() != 0 && seq.labels_size() != n) {
       return Invalid(where, "labels and token_ids have different lengths");

@@ -12,6 +12,9 @@
 #ifndef CAPSULE_FORMAT_VALIDATE_H_
 #define CAPSULE_FORMAT_VALIDATE_H_
 
+#include <string>
+#include <vector>
+
 #include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
 
@@ -24,6 +27,13 @@ struct ValidateOptions {
 
 // kInvalidArgument naming the first rule broken.
 Status ValidateCapsule(const v1::Capsule& capsule, const ValidateOptions& options = {});
+
+// For a writer given text from outside (log lines, names, paths): replaces each string field, at
+// any depth, that is not valid UTF-8 with EscapeInvalidUtf8 of it (base/printable.h), so that the
+// capsule stays valid, and returns one note per field changed ("log.lines[3]: not valid UTF-8;
+// 2 bytes stored as \xNN escapes"). Raw sample bytes have a lossless home of their own
+// (Sequence.raw_bytes); use it before calling this.
+std::vector<std::string> MakeStringsUtf8(v1::Capsule* capsule);
 
 }  // namespace capsule
 

@@ -109,6 +109,10 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
         << env.intra_op_threads() << " intra-op threads, " << PrintableShort(env.compiler()) << ", "
         << PrintableShort(env.os()) << "\n";
   }
+  ShowList(
+      c.capture_notes(), kMaxListed, out,
+      [&out](const std::string& note) { out << "capture note: " << PrintableShort(note) << "\n"; },
+      "\n");
   if (c.redaction().dropped_size() > 0) {
     out << "redacted:";
     for (const auto& r : c.redaction().dropped()) out << " " << PrintableShort(r);

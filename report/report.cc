@@ -365,7 +365,12 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
       seq.token_ids.assign(s.token_ids().begin(), s.token_ids().begin() + shown);
       cap.LeftOut(s.token_ids_size() - shown, "token ids of sequence " + std::to_string(i));
     }
-    if (!redact.text) seq.raw_text = cap.Text(s.raw_text(), options.limits.raw_text_bytes);
+    if (!redact.text) {
+      // Raw bytes that are not UTF-8 are shown with those bytes escaped ("caf\xc3").
+      seq.raw_text = s.raw_text().empty()
+                         ? EscapeInvalidUtf8(cap.Text(s.raw_bytes(), options.limits.raw_text_bytes))
+                         : cap.Text(s.raw_text(), options.limits.raw_text_bytes);
+    }
     m.sequences.push_back(std::move(seq));
   }
   cap.LeftOut(data.sequences_size() - options.limits.sequences, "sequences of the batch");

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <map>
 
+#include "capsule/base/printable.h"
+#include "capsule/format/validate.h"
 #include "capsule/format/version.h"
 #include "capsule/probe/environment.h"
 #include "capsule/probe/hashing.h"
@@ -98,7 +100,18 @@ Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
       seq.set_attention_mask(mask_bytes(lb.attention_mask, b));
       seq.set_loss_mask(mask_bytes(lb.loss_mask, b));
       seq.set_token_count(ids.size(1));
-      if (b < (int64_t)snap.batch.raw_text.size()) seq.set_raw_text(snap.batch.raw_text[b]);
+      if (b < (int64_t)snap.batch.raw_text.size()) {
+        // A raw sample is bytes: a byte-level tokenizer's window may cut a character in two.
+        // Text that is not UTF-8 is kept exactly, in raw_bytes, rather than losing the capsule.
+        const std::string& raw = snap.batch.raw_text[b];
+        if (IsUtf8(raw)) {
+          seq.set_raw_text(raw);
+        } else {
+          seq.set_raw_bytes(raw);
+          c.add_capture_notes("data.sequences[" + std::to_string(b) +
+                              "]: raw sample is not valid UTF-8; stored in raw_bytes");
+        }
+      }
       if (b < (int64_t)snap.batch.sample_ids.size()) seq.set_sample_id(snap.batch.sample_ids[b]);
     }
   }
@@ -285,6 +298,12 @@ StatusOr<BuiltCapsule> BuildCapsule(const StepSnapshot& snapshot, const ProbeRes
     CAPSULE_RETURN_IF_ERROR(FillModel(rerun, context, options, c, built.notes));
   }
   FillLog(context, options, built.notes, c);
+  // Strings from outside (log lines, names, paths, config) that are not UTF-8 would make the
+  // capsule invalid, and so lose it: keep them escaped, and say so.
+  for (std::string& note : MakeStringsUtf8(&c)) {
+    c.add_capture_notes(note);
+    built.notes.push_back(std::move(note));
+  }
   return built;
 }
 

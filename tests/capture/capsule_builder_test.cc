@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/validate.h"
+
 namespace capsule {
 namespace {
 
@@ -341,6 +344,30 @@ TEST_F(CapsuleBuilderTest, WithoutARerunThereAreNoLayerSections) {
   EXPECT_TRUE(bare.identity().model_sha256().empty());
   EXPECT_EQ(bare.numerics().layers_size(), 0);
   EXPECT_EQ(bare.data().sequences_size(), 2);
+}
+
+TEST_F(CapsuleBuilderTest, TextThatIsNotUtf8NeverLosesTheCapsule) {
+  // A byte-level tokenizer's window cut "é" (C3 A9) in two; a log line and a sample id carry
+  // Latin-1 bytes.
+  snap_.batch.raw_text = {"caf\xc3", "ok"};
+  snap_.batch.sample_ids = {"s\xe9" "0", "s1"};
+  context_.log_lines = {"read caf\xe9.txt"};
+  context_.now_unix_micros = 1780000000000000;  // a time the validator accepts
+  const BuiltCapsule built = Build(&rerun_);
+  const v1::Capsule& c = built.capsule;
+  ASSERT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+  EXPECT_EQ(c.data().sequences(0).raw_bytes(), "caf\xc3");  // losslessly, as bytes
+  EXPECT_TRUE(c.data().sequences(0).raw_text().empty());
+  EXPECT_EQ(c.data().sequences(1).raw_text(), "ok");
+  EXPECT_EQ(c.data().sequences(0).sample_id(), "s\\xe90");  // escaped, and said so
+  ASSERT_EQ(c.capture_notes_size(), 3) << c.DebugString();
+  EXPECT_EQ(c.capture_notes(0),
+            "data.sequences[0]: raw sample is not valid UTF-8; stored in raw_bytes");
+  EXPECT_EQ(c.capture_notes(1),
+            "data.sequences[0].sample_id: not valid UTF-8; 1 byte stored as \\xNN escapes");
+  EXPECT_NE(c.capture_notes(2).find("log.lines[0]"), std::string::npos) << c.capture_notes(2);
+  // And it encodes: the writer's validation passes.
+  EXPECT_TRUE(EncodeCapsule(c, WriteOptions()).ok());
 }
 
 TEST_F(CapsuleBuilderTest, ExceptionTextGoesToTheLogUnlessTheRerunSaidMore) {

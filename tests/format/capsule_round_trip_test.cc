@@ -241,8 +241,8 @@ TEST_F(RoundTripTest, StringFieldsThatAreNotUtf8AreRefusedByTheWriter) {
   const std::string bad("caf\xe9", 4);
   const std::pair<std::function<void(v1::Capsule*)>, const char*> cases[] = {
       {[&](v1::Capsule* c) { c->set_run_name(bad); }, "run_name: is not valid UTF-8"},
-      {[&](v1::Capsule* c) { c->mutable_data()->mutable_sequences(1)->set_raw_text(bad); },
-       "data.sequences[1].raw_text: is not valid UTF-8"},
+      {[&](v1::Capsule* c) { c->mutable_data()->mutable_sequences(0)->set_raw_text(bad); },
+       "data.sequences[0].raw_text: is not valid UTF-8"},
       {[&](v1::Capsule* c) { c->mutable_log()->add_lines(bad); },
        "log.lines[2]: is not valid UTF-8"},
       {[&](v1::Capsule* c) { c->mutable_environment()->set_hostname(bad); },

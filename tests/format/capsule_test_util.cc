@@ -186,7 +186,12 @@ v1::Capsule MakeFullCapsule() {
     for (int64_t t : {17, 3, 99, -100}) seq->add_labels(t + (t < 0 ? 0 : i));
     seq->set_attention_mask(std::string("\x01\x01\x01\x00", 4));
     seq->set_loss_mask(std::string("\x01\x01\x00\x00", 4));
-    seq->set_raw_text("the quick brown fox " + std::to_string(i));
+    // The second sample's window ends mid-character: kept as bytes.
+    if (i == 0) {
+      seq->set_raw_text("the quick brown fox " + std::to_string(i));
+    } else {
+      seq->set_raw_bytes("the quick brown caf\xc3");
+    }
     seq->set_token_ids_sha256(Sha256Hex(Int64Bytes({5, 17, 3, 99})));
     seq->set_token_count(4);
   }
@@ -310,6 +315,7 @@ v1::Capsule MakeFullCapsule() {
   red->set_source_sha256(Sha256Hex("source capsule"));
   red->set_unknown_field_bytes_dropped(17);
 
+  c.add_capture_notes("data.sequences[1]: raw sample is not valid UTF-8; stored in raw_bytes");
   (*c.mutable_annotations())["experiment"] = "exp-42";
   (*c.mutable_annotations())["owner"] = "numerics";
   (*c.mutable_annotations())["a"] = "first in order";

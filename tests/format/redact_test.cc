@@ -241,6 +241,19 @@ TEST_F(RedactTest, TokensBecomeTheirHashAndCount) {
   EXPECT_EQ(c.data().tensor_names_size(), 0);
 }
 
+TEST_F(RedactTest, TextDropsRawSampleBytesToo) {
+  v1::Capsule c = MakePrivateCapsule();
+  c.mutable_data()->mutable_sequences(0)->clear_raw_text();
+  c.mutable_data()->mutable_sequences(0)->set_raw_bytes("caf\xc3 and a private cut window");
+  WriteOptions w;
+  w.signing_key = &source_key_;
+  const v1::Capsule redacted = Read(Redact(OrDie(EncodeCapsule(c, w)), "text"));
+  for (const auto& seq : redacted.data().sequences()) {
+    EXPECT_EQ(seq.raw_bytes(), "");
+    EXPECT_EQ(seq.raw_text(), "");
+  }
+}
+
 TEST_F(RedactTest, TextDropsSampleTextAndTheLogLinesQuotingIt) {
   const v1::Capsule c = Read(Redact(source_bytes_, "text"));
   for (const auto& s : c.data().sequences()) EXPECT_EQ(s.raw_text(), "");

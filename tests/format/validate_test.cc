@@ -209,6 +209,12 @@ const Rule kRules[] = {
     {"LossMaskLengthMismatch",
      [](v1::Capsule* c) { Seq(c)->set_loss_mask(std::string(5, '\x00')); },
      "a mask and token_ids have different lengths"},
+    {"RawTextAndRawBytesBothSet",
+     [](v1::Capsule* c) {
+       Seq(c)->set_raw_text("text");
+       Seq(c)->set_raw_bytes("bytes");
+     },
+     "data.sequences[1]: both raw_text and raw_bytes are set"},
     {"AttentionMaskNotZeroOne",
      [](v1::Capsule* c) { Seq(c)->set_attention_mask(std::string("\x01\x02\x01\x01", 4)); },
      "data.sequences[1]: a mask byte is not 0 or 1"},

@@ -70,7 +70,9 @@ void CheckRedaction(const v1::Capsule& source, uint8_t choice) {
                             source.redaction().unknown_field_bytes_dropped();
   if (had_unknown != (recorded > 0)) Fail("unknown bytes dropped are not recorded", Status());
   for (const v1::Sequence& s : c.data().sequences()) {
-    if (options.text && !s.raw_text().empty()) Fail("raw text survived", Status());
+    if (options.text && (!s.raw_text().empty() || !s.raw_bytes().empty())) {
+      Fail("raw text survived", Status());
+    }
     if (options.tokens && (s.token_ids_size() != 0 || s.labels_size() != 0)) {
       Fail("token ids or labels survived", Status());
     }

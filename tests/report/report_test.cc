@@ -295,6 +295,15 @@ TEST(ReportEscapingTest, MarkdownNeitherLinksNorMentionsNorBreaksCodeSpans) {
   EXPECT_NE(md.find("| capsule | a\\`b\\`\\`c.capsule |"), std::string::npos) << md;
 }
 
+TEST(ReportEscapingTest, RawSampleBytesAreShownWithTheBadBytesEscaped) {
+  v1::Capsule c = golden::MakeFullCapsule();
+  c.mutable_data()->mutable_sequences(0)->clear_raw_text();
+  c.mutable_data()->mutable_sequences(0)->set_raw_bytes("caf\xc3");
+  const ReportModel m = ModelOf(c, SignatureState::kVerified, {});
+  EXPECT_EQ(m.sequences[0].raw_text, "caf\\xc3");
+  EXPECT_NE(RenderJson(m).find("caf\\\\xc3"), std::string::npos);  // valid JSON, escaped
+}
+
 TEST(ReportLimitsTest, HugeStringsAndListsAreCutAndCounted) {
   v1::Capsule c = golden::MakeFullCapsule();
   c.set_run_name(std::string(4 << 20, 'r'));  // 4 MiB
