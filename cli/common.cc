@@ -75,8 +75,8 @@ void AddTrustOptions(CLI::App* cmd, TrustOptions* trust) {
       cmd->add_option("--pubkey", trust->pubkeys, "Trusted public key (PEM); repeatable")
           ->check(CLI::ExistingFile);
   cmd->add_flag("--allow-unsigned", trust->allow_unsigned,
-                "Accept an unsigned capsule, or one whose signer is not given with --pubkey "
-                "(reported as such)")
+                "Also accept an unsigned capsule (reported as such). A signed capsule is read "
+                "without this; its signature is checked only against keys given with --pubkey")
       ->excludes(pub);
 }
 
@@ -133,7 +133,10 @@ std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
     PrintError(options.status());
     return std::nullopt;
   }
-  options->allow_untrusted = allow_unsigned;
+  // Reading is not trusting: without --pubkey a signed capsule is read whoever signed it, and
+  // shown as "not checked" with the signer's key id (a capsule attached to an issue usually
+  // arrives without its .pub). --pubkey asks for trust: then the signer must be one of them.
+  options->allow_untrusted = allow_unsigned || pubkeys.empty();
   auto bytes = ReadFileBytes(file, options->max_file_bytes);
   if (!bytes.ok()) {
     PrintError(bytes.status());

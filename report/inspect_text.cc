@@ -35,6 +35,9 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
       << e.header.uncompressed_size << " uncompressed)\n";
   out << "  signature: " << SignatureStateName(e.signature);
   if (e.signature_algorithm != kSigAlgNone) out << ", ed25519 key " << HexEncode(e.key_id);
+  if (e.signature == SignatureState::kNotChecked) {
+    out << " (signer not given: --pubkey SIGNER.pub checks it)";
+  }
   out << "\n";
   out << "  written by capsule " << PrintableShort(c.writer_version()) << " at "
       << FormatUnixMicrosUtc(c.created_unix_micros()) << ", run \"" << PrintableShort(c.run_name())

@@ -36,6 +36,7 @@ run verify golden/valid/full.capsule --pubkey keys/test-only.pub --deep
 run verify golden/valid/full.capsule --pubkey keys/test-only-other.pub
 run verify golden/does-not-exist.capsule --pubkey keys/test-only.pub
 run verify golden/valid/full.capsule
+run inspect golden/valid/full.capsule
 run frobnicate
 run report --help
 
