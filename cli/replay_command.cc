@@ -52,14 +52,19 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
         << (b.first_bad_layer().empty() ? "none" : b.first_bad_layer()) << " after " << b.probes()
         << " composite runs of " << b.layers() << " layers (bound " << b.probe_bound() << ")";
     if (b.strategy() == "linear") out << (b.monotonic() ? "; monotonic" : "; NOT monotonic");
-    out << "\n";
+    out << "\n  (k=K: layers 0..K-1 on the optimized path, the rest on the reference)\n";
     for (const auto& p : b.probe_log()) {
+      // k: layers [0, k) ran on the optimized path, the rest on the reference.
       out << "  k=" << Pad(std::to_string(p.k()), 4) << Pad(p.bad() ? "bad" : "good", 6)
           << "max rel err " << Pad(FormatSignificant(p.max_rel_err(), 3), 10) << "non-finite "
           << p.nonfinite_mismatch() << "\n";
     }
   }
   if (!r.replay_command().empty()) out << "\nreplay: " << r.replay_command() << "\n";
+  if (r.next_commands_size() > 0) {
+    out << "next: the first divergent layer alone (an extract replays just that layer):\n";
+    for (const auto& c : r.next_commands()) out << "  " << c << "\n";
+  }
 }
 
 // Parses "NAME=ATOL,RTOL".
@@ -167,6 +172,20 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   if (o.bisect_given) cmd += " --bisect=" + o.bisect;
   if (o.phase != "forward") cmd += " --phase " + o.phase;
   report->set_replay_command(cmd);
+  // NUMERICS names a layer: the next step is that layer alone, small enough to attach and fast to
+  // re-run under a debugger. Extracts need every weight; without them, say how to get them.
+  if (report->diagnosis() == v1::NUMERICS && report->has_first_divergent_layer() &&
+      report->extract_layer().empty()) {
+    const std::string& layer = report->first_divergent_layer();
+    std::string plugins;
+    for (const auto& p : o.plugins) plugins += " --plugin " + p;
+    const std::string out = layer + ".capsule";
+    const bool weights = loaded->decoded.capsule->model().weight_policy() == v1::WEIGHTS_ALL;
+    report->add_next_commands("capsule extract " + o.file + " --layer " + layer +
+                              " --key YOUR.key -o " + out + plugins +
+                              (weights ? "" : "   # needs a capsule with all weights"));
+    report->add_next_commands("capsule replay " + out + plugins + " --pubkey YOUR.pub");
+  }
   report->set_diagnosis_text(DiagnosisSentence(*report));
   if (o.json) {
     std::cout << ReplayReportToJson(*report);

@@ -63,6 +63,10 @@ check_fault() {  # check_fault KIND LAYERS LAYER CAPTURE_ARGS...
     [ "$(field "$name.$strategy" 'd["bisect"]["first_bad_layer"]')" = "$layer" ] ||
       bad "$name.$strategy" "bisect first bad layer $(field "$name.$strategy" 'd["bisect"]["first_bad_layer"]')"
   done
+  # The next step names the extract of that layer and its replay.
+  [ "$(field "$name.bisect" '" --layer '"$layer"' " in d["next_commands"][0] and d["next_commands"][0].startswith("capsule extract ")')" = true ] &&
+    [ "$(field "$name.bisect" 'd["next_commands"][1].startswith("capsule replay '"$layer"'.capsule ")')" = true ] ||
+    bad "$name" "next commands: $(field "$name.bisect" 'd.get("next_commands")')"
   local probes
   probes=$(field "$name.bisect" 'd["bisect"]["probes"]')
   [ -n "$probes" ] && [ "$probes" -le "$bound" ] || bad "$name" "bisect made $probes probes > $bound"
