@@ -396,7 +396,7 @@ TEST_F(LimitsTest, A900MiBBombCostsNothing) {
   Report("900 MiB unknown-field bomb", bomb.size(), c);
   EXPECT_EQ(c.code, static_cast<int>(StatusCode::kResourceExhausted));
   EXPECT_LT(c.peak_rss_growth_kb, 16 * 1024);  // one step of decompression, zstd's window
-  EXPECT_LT(c.seconds, 0.5);
+  // (The time it takes is printed, not asserted: timings belong in bench/.)
   RecordProperty("bomb_rss_kb", static_cast<int>(c.peak_rss_growth_kb));
 }
 
@@ -467,7 +467,6 @@ TEST_F(LimitsTest, WorstCasesUnderTheLimitsCostASmallMultipleOfTheirSize) {
     Report(k.what, k.bytes.size(), c);
     EXPECT_EQ(c.code, static_cast<int>(StatusCode::kOk)) << k.what;
     EXPECT_LT(c.peak_rss_growth_kb / 1024, k.max_rss_mib) << k.what;
-    EXPECT_LT(c.seconds, 5.0) << k.what;
   }
 }
 
