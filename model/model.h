@@ -41,9 +41,11 @@ class Model {
   virtual ModelSpecInfo Spec() const = 0;
 
   // Copies values into the parameters by name (replay loads captured weights this way). Every
-  // parameter must be present with its shape; dtype is converted. kInvalidArgument otherwise, and
-  // nothing is copied then.
-  virtual Status LoadParameters(const std::vector<NamedTensor>& params) = 0;
+  // parameter must be present once, with its shape, and no other name may be given; dtype and
+  // device are converted. kInvalidArgument naming the first problem otherwise, and nothing is
+  // copied then. The default does exactly this over NamedParameters() (whose tensors must be the
+  // model's own, not copies), under at::NoGradGuard: override it only to load differently.
+  virtual Status LoadParameters(const std::vector<NamedTensor>& params);
 };
 
 }  // namespace capsule

@@ -354,35 +354,6 @@ ModelSpecInfo TinyGpt::Spec() const {
   return {kRegistryName, json};
 }
 
-Status TinyGpt::LoadParameters(const std::vector<NamedTensor>& params) {
-  std::map<std::string, at::Tensor> by_name;
-  for (const auto& [name, tensor] : params) {
-    if (!by_name.emplace(name, tensor).second) {
-      return InvalidArgumentError("tiny_gpt: parameter '" + name + "' given twice");
-    }
-  }
-  if (by_name.size() != named_.size()) {
-    return InvalidArgumentError("tiny_gpt: expected " + std::to_string(named_.size()) +
-                                " parameters, got " + std::to_string(by_name.size()));
-  }
-  for (const auto& [name, master] : named_) {
-    const auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      return InvalidArgumentError("tiny_gpt: parameter '" + name + "' is missing");
-    }
-    if (!it->second.defined() || it->second.sizes() != master.sizes()) {
-      std::ostringstream message;
-      message << "tiny_gpt: parameter '" << name << "' has shape "
-              << (it->second.defined() ? it->second.sizes() : at::IntArrayRef{}) << ", expected "
-              << master.sizes();
-      return InvalidArgumentError(message.str());
-    }
-  }
-  at::NoGradGuard no_grad;
-  for (const auto& [name, master] : named_) master.copy_(by_name.at(name));
-  return Status::Ok();
-}
-
 Status TinyGpt::SetFault(const FaultSpec& fault) {
   TinyGptConfig candidate = config_;
   candidate.fault = fault;

@@ -64,10 +64,6 @@ class TinyGpt : public Model {
   // The FP32 masters in NamedParameters() order, ready for a torch::optim optimizer.
   std::vector<at::Tensor> parameters() const;
 
-  // Copies values into the masters by name. Every parameter must be present with the same shape;
-  // dtype is converted. kInvalidArgument otherwise (nothing is copied then).
-  Status LoadParameters(const std::vector<NamedTensor>& params);
-
   const TinyGptConfig& config() const { return config_; }
 
   // Injects a fault (validated like TinyGptConfig::fault; kInvalidArgument otherwise). Arms a

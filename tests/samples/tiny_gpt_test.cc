@@ -299,6 +299,14 @@ TEST(TinyGpt, LoadParametersCopiesByName) {
   // A refused load copies nothing, not even the parameters that were fine.
   EXPECT_TRUE(at::equal(RunSequence(source->Path(PathKind::kOptimized), batch),
                         RunSequence(target->Path(PathKind::kOptimized), batch)));
+  // The default Model::LoadParameters (TinyGpt has no override): duplicates and strangers too.
+  params = source->NamedParameters();
+  params.push_back(params[0]);
+  EXPECT_NE(target->LoadParameters(params).message().find("given twice"), std::string::npos);
+  params.pop_back();
+  params.emplace_back("blocks.99.w", at::zeros({1}));
+  EXPECT_NE(target->LoadParameters(params).message().find("unknown parameter 'blocks.99.w'"),
+            std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

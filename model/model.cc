@@ -1,0 +1,45 @@
+#include "capsule/model/model.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <map>
+#include <sstream>
+
+namespace capsule {
+
+Status Model::LoadParameters(const std::vector<NamedTensor>& params) {
+  std::map<std::string, const at::Tensor*> given;
+  for (const auto& [name, tensor] : params) {
+    if (!given.emplace(name, &tensor).second) {
+      return InvalidArgumentError("parameter '" + name + "' given twice");
+    }
+  }
+  const std::vector<NamedTensor> own = NamedParameters();
+  std::map<std::string, const at::Tensor*> expected;
+  for (const auto& [name, tensor] : own) expected.emplace(name, &tensor);
+  for (const auto& [name, tensor] : given) {
+    if (expected.count(name) == 0) return InvalidArgumentError("unknown parameter '" + name + "'");
+  }
+  // Every check before the first copy: a refused load changes nothing.
+  for (const auto& [name, master] : own) {
+    const auto it = given.find(name);
+    if (it == given.end()) return InvalidArgumentError("parameter '" + name + "' is missing");
+    const at::Tensor& value = *it->second;
+    if (!value.defined() || value.sizes() != master.sizes()) {
+      std::ostringstream message;
+      message << "parameter '" << name << "' has shape "
+              << (value.defined() ? value.sizes() : at::IntArrayRef{}) << ", expected "
+              << master.sizes();
+      return InvalidArgumentError(message.str());
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, master] : own) {
+    at::Tensor target = master;  // shares the parameter's storage
+    target.copy_(*given.at(name));
+  }
+  return Status::Ok();
+}
+
+}  // namespace capsule
