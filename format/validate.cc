@@ -145,7 +145,8 @@ void FixStrings(google::protobuf::Message* m, const std::string& prefix,
                    where + ".", notes);
         continue;
       }
-      const std::string value = f->is_repeated() ? r->GetRepeatedString(*m, f, i) : r->GetString(*m, f);
+      const std::string value =
+          f->is_repeated() ? r->GetRepeatedString(*m, f, i) : r->GetString(*m, f);
       if (IsUtf8(value)) continue;
       std::string fixed = EscapeInvalidUtf8(value);
       size_t escapes = 0;

@@ -350,7 +350,10 @@ TEST_F(CapsuleBuilderTest, TextThatIsNotUtf8NeverLosesTheCapsule) {
   // A byte-level tokenizer's window cut "é" (C3 A9) in two; a log line and a sample id carry
   // Latin-1 bytes.
   snap_.batch.raw_text = {"caf\xc3", "ok"};
-  snap_.batch.sample_ids = {"s\xe9" "0", "s1"};
+  snap_.batch.sample_ids = {
+      "s\xe9"
+      "0",
+      "s1"};
   context_.log_lines = {"read caf\xe9.txt"};
   context_.now_unix_micros = 1780000000000000;  // a time the validator accepts
   const BuiltCapsule built = Build(&rerun_);
