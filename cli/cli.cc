@@ -34,6 +34,12 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
 #else
   (void)registry;
 #endif
+  // A repeatable option's default is "no value", not "[]".
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    for (CLI::Option* opt : sub->get_options()) {
+      if (opt->get_default_str() == "[]") opt->default_str("");
+    }
+  }
   // CLI11 would answer "A subcommand is required" without naming what it did not know.
   if (argc > 1 && argv[1][0] != '-') {
     const std::string name = argv[1];

@@ -36,7 +36,8 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       << Pad("phase", 9) << Pad("layer", 12) << Pad("tensor", 26) << Pad("max abs err", 13)
       << Pad("max rel err", 13) << Pad("non-finite", 12) << "verdict\n";
   for (const auto& l : r.layers()) {
-    std::string verdict = l.verdict() == v1::DIVERGED ? "DIVERGED" : "ok";
+    // The same spelling as the Markdown and HTML reports: the enum's name.
+    std::string verdict = v1::Verdict_Name(l.verdict());
     if (r.has_first_divergent_layer() && l.name() == r.first_divergent_layer() &&
         l.phase() == r.first_divergent_phase()) {
       verdict += "  <- first divergence";

@@ -136,7 +136,10 @@ Status CompareForward(Model& model, const ReferenceRun& ref_run, const LayerBatc
   LayerSequence& opt = model.Path(PathKind::kOptimized);
   const size_t n = opt.size();
   for (size_t i = 0; i < n; ++i) {
-    if (options.progress) options.progress("layerwise forward " + opt.name(i));
+    if (options.progress) {
+      options.progress("layerwise forward " + std::to_string(i + 1) + "/" + std::to_string(n) +
+                       " " + opt.name(i));
+    }
     TensorList out;
     try {
       at::NoGradGuard no_grad;
@@ -198,7 +201,10 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
     }
   };
   for (size_t i = n; i-- > 0;) {
-    if (options.progress) options.progress("layerwise backward " + opt.name(i));
+    if (options.progress) {
+      options.progress("layerwise backward " + std::to_string(n - i) + "/" + std::to_string(n) +
+                       " " + opt.name(i));
+    }
     const at::Tensor upstream = i + 1 < n ? ref_run.layers[i].grad : at::Tensor();
     if (i + 1 < n && !upstream.defined()) continue;  // the loss does not depend on this output
     CAPSULE_ASSIGN_OR_RETURN(auto ref_grads, grads_of(ref, i, ref.compute_dtype(), upstream));

@@ -175,7 +175,9 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) != "train") {
     capsule::ModelRegistry registry;
     capsule::tiny_gpt::RegisterTinyGpt(registry);
-    if (argc < 2) {
+    const bool help =
+        argc >= 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h");
+    if (argc < 2 || help) {
       std::cout << "capsule-tiny-gpt train [--help]: train tiny_gpt with capsule's Monitor\n"
                 << "capsule-tiny-gpt SUBCOMMAND ...: the capsule CLI with tiny_gpt registered\n\n";
     }
