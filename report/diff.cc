@@ -236,7 +236,21 @@ std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff) {
     return Printable(TruncateUtf8(s, kMaxCell - 3)) + "...";
   };
   const size_t shown = std::min(diff.size(), kMaxDiffTableRows);
-  const std::vector<CapsuleDifference> rows(diff.begin(), diff.begin() + shown);
+  std::vector<CapsuleDifference> rows(diff.begin(), diff.begin() + shown);
+  // Two long values that share a prefix differ after it: show both from a little before the
+  // first byte that differs, so the difference is in view ("...-7b-hf/tokenizer.json").
+  for (CapsuleDifference& r : rows) {
+    if (r.a.size() <= kMaxCell && r.b.size() <= kMaxCell) continue;
+    size_t at = 0;
+    while (at < r.a.size() && at < r.b.size() && r.a[at] == r.b[at]) ++at;
+    if (at + 16 < kMaxCell) continue;  // the difference is already in view
+    size_t from = at - 16;
+    // Start on a character boundary of both (they agree up to `at`).
+    while (from > 0 && (static_cast<unsigned char>(r.a[from]) & 0xC0) == 0x80) --from;
+    for (std::string* v : {&r.a, &r.b}) {
+      if (*v != "-") *v = "..." + v->substr(from);
+    }
+  }
   for (const auto& r : rows) {
     width[0] = std::max(width[0], cell(r.section).size());
     width[1] = std::max(width[1], cell(r.key).size());

@@ -636,6 +636,17 @@ TEST(DiffTest, LayerStatsShowTheRelativeChange) {
   EXPECT_NE(table.find("3 differences"), std::string::npos);
 }
 
+TEST(DiffTest, LongValuesAreShownAroundTheirFirstDifference) {
+  v1::Capsule a = golden::MakeFullCapsule();
+  v1::Capsule b = a;
+  const std::string common = "#1 SMP PREEMPT_DYNAMIC Debian 6.1.112-1 (2024-09-30) x86_64 ";
+  a.mutable_environment()->set_kernel(common + "build-17");
+  b.mutable_environment()->set_kernel(common + "build-18");
+  const std::string table = RenderDiffTable(DiffCapsules(a, b));
+  EXPECT_NE(table.find("...) x86_64 build-17"), std::string::npos) << table;
+  EXPECT_NE(table.find("...) x86_64 build-18"), std::string::npos) << table;
+}
+
 TEST(DiffTest, ConfigTextDiffPointsAtTheLine) {
   const v1::Capsule a = golden::MakeFullCapsule();
   v1::Capsule b = a;
