@@ -7,7 +7,7 @@ const char* PathKindName(PathKind kind) {
 }
 
 at::Tensor RunSequence(LayerSequence& seq, const LayerBatch& batch) {
-  TensorList x = {batch.input_ids};
+  TensorList x = {batch.ModelInput()};
   for (size_t i = 0; i < seq.size(); ++i) x = seq.Forward(i, x, batch);
   return x.at(0);
 }

@@ -2,12 +2,19 @@
 //
 // LibTorch's C++ nn::Module has no forward hooks, so a model that wants per-layer capture,
 // layerwise replay and bisection describes one execution path as an explicit sequence of layers.
-// Layer i consumes the outputs of layer i-1 (layer 0 consumes {batch.input_ids}); the last layer
-// returns {loss} (a scalar). Side inputs every layer may need (labels, masks) come in the
-// LayerBatch. Names are module paths: "embed", "blocks.3", "ln_f", "lm_head", "loss".
+// The contract replay relies on:
+// - Layer i consumes the outputs of layer i-1; layer 0 consumes {batch.ModelInput()} (the
+//   model's `inputs`, or its `input_ids`). Side inputs every layer may need (labels, masks) come
+//   in the LayerBatch.
+// - The last layer returns {loss}, a scalar. The layer before it, when its first output is not a
+//   scalar, is treated as the logits (top-1 agreement), and these two are what the bisect oracle
+//   compares between composite runs.
+// - Both paths of a Model have the same layer names, in the same order, over the same parameters;
+//   anything else that changes what a path computes is part of Model::Spec().
+// Names are module paths: "embed", "blocks.3", "ln_f", "lm_head", "loss".
 //
-//   capsule::LayerBatch batch{input_ids, labels};
-//   capsule::TensorList x = {batch.input_ids};
+//   capsule::LayerBatch batch{input_ids, {}, labels};
+//   capsule::TensorList x = {batch.ModelInput()};
 //   for (size_t i = 0; i < seq.size(); ++i) x = seq.Forward(i, x, batch);
 //   at::Tensor loss = x[0];
 //
@@ -34,14 +41,22 @@ enum class PathKind { kReference = 1, kOptimized = 2 };
 
 const char* PathKindName(PathKind kind);  // "reference" / "optimized"
 
-// The batch-level inputs of one step, shared by every layer.
+// The batch-level inputs of one step, shared by every layer. Layer 0 receives {ModelInput()}:
+// `inputs` when the model takes something other than token ids (float features, images), else
+// `input_ids`. Every layer may read the rest (labels, masks) from the batch; the last layer
+// returns the scalar loss.
 struct LayerBatch {
-  at::Tensor input_ids;        // int64 [batch, seq]
-  at::Tensor labels;           // int64 [batch, seq]; targets per position (see labels_shifted)
+  at::Tensor input_ids;        // int64 [batch, seq]: a language model's tokens
+  at::Tensor inputs;           // any dtype and shape: the input of a model without tokens
+  at::Tensor labels;           // targets: int64 [batch, seq] per position for a language model
+                               // (see labels_shifted), any dtype and shape otherwise
   at::Tensor attention_mask;   // optional: [batch, seq] 0/1
   at::Tensor loss_mask;        // optional: [batch, seq] 0/1
   bool labels_shifted = true;  // labels[i] is the target of position i
   bool training = true;        // dropout and friends on
+
+  // What layer 0 receives: `inputs` if set, else `input_ids`.
+  const at::Tensor& ModelInput() const { return inputs.defined() ? inputs : input_ids; }
 };
 
 class LayerSequence {

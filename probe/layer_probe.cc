@@ -28,7 +28,7 @@ std::string DescribeNonFinite(const HealthStats& s, const char* what) {
 StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
                                 const ProbeOptions& options) {
   ProbeResult r;
-  TensorList x = {batch.input_ids};
+  TensorList x = {batch.ModelInput()};
   for (size_t i = 0; i < seq.size(); ++i) {
     LayerRecord rec;
     rec.index = static_cast<int>(i);

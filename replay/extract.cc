@@ -110,7 +110,7 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
   CAPSULE_RETURN_IF_ERROR(internal::RequireInputIds(full, batch));
 
   // The reference path up to the layer, as the full replay's reference run computes it.
-  TensorList x = {batch.input_ids};
+  TensorList x = {batch.ModelInput()};
   try {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < index; ++i) x = ref.Forward(i, x, batch);
@@ -233,7 +233,10 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
   CAPSULE_ASSIGN_OR_RETURN(TensorList inputs,
                            LayerTensors(c, v1::LAYER_INPUT, layer, layer + "/input."));
   if (inputs.empty()) return InvalidArgumentError("the extract holds no input of layer " + layer);
-  if (i == 0 && !batch.input_ids.defined()) batch.input_ids = inputs.at(0);
+  if (i == 0 && !batch.ModelInput().defined()) {
+    // Layer 0's recorded input is the batch's: token ids, or a model's own inputs.
+    (inputs.at(0).is_floating_point() ? batch.inputs : batch.input_ids) = inputs.at(0);
+  }
 
   if (options.progress) options.progress("layer " + layer);
   TensorList ref_out, opt_out;

@@ -237,7 +237,7 @@ StatusOr<std::vector<TensorList>> RunComposite(Model& model, const LayerBatch& b
   LayerSequence& ref = model.Path(PathKind::kReference);
   LayerSequence& opt = model.Path(PathKind::kOptimized);
   std::vector<TensorList> outputs;
-  TensorList x = {batch.input_ids};
+  TensorList x = {batch.ModelInput()};
   try {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < opt.size(); ++i) {

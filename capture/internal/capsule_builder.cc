@@ -117,6 +117,7 @@ Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
   }
   const std::pair<const char*, const at::Tensor*> batch_tensors[] = {
       {"input_ids", &lb.input_ids},
+      {"inputs", &lb.inputs},
       {"labels", &lb.labels},
       {"attention_mask", &lb.attention_mask},
       {"loss_mask", &lb.loss_mask}};

@@ -26,6 +26,7 @@ StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c) {
   LayerBatch b;
   b.labels_shifted = c.data().labels_shifted();
   const std::pair<const char*, at::Tensor*> tensors[] = {{"input_ids", &b.input_ids},
+                                                         {"inputs", &b.inputs},
                                                          {"labels", &b.labels},
                                                          {"attention_mask", &b.attention_mask},
                                                          {"loss_mask", &b.loss_mask}};
@@ -38,7 +39,7 @@ StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c) {
 }
 
 Status RequireInputIds(const v1::Capsule& c, const LayerBatch& batch) {
-  if (batch.input_ids.defined()) return Status::Ok();
+  if (batch.ModelInput().defined()) return Status::Ok();
   for (const auto& s : c.data().sequences()) {
     if (!s.token_ids_sha256().empty()) {
       return FailedPreconditionError(
@@ -46,7 +47,8 @@ Status RequireInputIds(const v1::Capsule& c, const LayerBatch& batch) {
           "be re-run; use the unredacted capsule");
     }
   }
-  return InvalidArgumentError("the capsule has no input_ids tensor, so the step cannot be re-run");
+  return InvalidArgumentError(
+      "the capsule has no input_ids or inputs tensor, so the step cannot be re-run");
 }
 
 StatusOr<std::vector<NamedTensor>> ParameterTensors(const v1::Capsule& c) {
