@@ -38,6 +38,9 @@ class Model {
   // need not be sorted; hashing sorts by name.
   virtual std::vector<NamedTensor> NamedParameters() const = 0;
 
+  // What replay rebuilds the model from, alone: the registry name and every setting that changes
+  // what either path computes, runtime state included (a step-dependent schedule, a one-shot
+  // fault flag). Write config_json with SpecConfig (model/spec_config.h).
   virtual ModelSpecInfo Spec() const = 0;
 
   // Copies values into the parameters by name (replay loads captured weights this way). Every

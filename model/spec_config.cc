@@ -1,0 +1,125 @@
+#include "capsule/model/spec_config.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <cmath>
+#include <map>
+
+namespace capsule {
+
+struct SpecConfig::Impl {
+  google::protobuf::Struct fields;
+};
+
+SpecConfig::SpecConfig() : impl_(std::make_unique<Impl>()) {}
+SpecConfig::~SpecConfig() = default;
+SpecConfig::SpecConfig(const SpecConfig& other) : impl_(std::make_unique<Impl>(*other.impl_)) {}
+SpecConfig& SpecConfig::operator=(const SpecConfig& other) {
+  if (this != &other) *impl_ = *other.impl_;
+  return *this;
+}
+SpecConfig::SpecConfig(SpecConfig&&) noexcept = default;
+SpecConfig& SpecConfig::operator=(SpecConfig&&) noexcept = default;
+
+StatusOr<SpecConfig> SpecConfig::Parse(std::string_view json) {
+  SpecConfig config;
+  const auto st = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &config.impl_->fields);
+  if (!st.ok()) {
+    return InvalidArgumentError("model config is not a JSON object: " + std::string(st.message()));
+  }
+  return config;
+}
+
+SpecConfig& SpecConfig::Set(const std::string& key, double value) {
+  (*impl_->fields.mutable_fields())[key].set_number_value(value);
+  return *this;
+}
+SpecConfig& SpecConfig::Set(const std::string& key, int64_t value) {
+  return Set(key, static_cast<double>(value));
+}
+SpecConfig& SpecConfig::Set(const std::string& key, bool value) {
+  (*impl_->fields.mutable_fields())[key].set_bool_value(value);
+  return *this;
+}
+SpecConfig& SpecConfig::Set(const std::string& key, const std::string& value) {
+  (*impl_->fields.mutable_fields())[key].set_string_value(value);
+  return *this;
+}
+
+bool SpecConfig::Has(const std::string& key) const { return impl_->fields.fields().count(key) > 0; }
+
+namespace {
+
+StatusOr<const google::protobuf::Value*> Find(const google::protobuf::Struct& s,
+                                              const std::string& key,
+                                              google::protobuf::Value::KindCase kind,
+                                              const char* what) {
+  const auto it = s.fields().find(key);
+  if (it == s.fields().end()) return NotFoundError("model config has no \"" + key + "\"");
+  if (it->second.kind_case() != kind) {
+    return InvalidArgumentError("model config \"" + key + "\": not " + what);
+  }
+  return &it->second;
+}
+
+}  // namespace
+
+StatusOr<double> SpecConfig::GetDouble(const std::string& key) const {
+  CAPSULE_ASSIGN_OR_RETURN(
+      const google::protobuf::Value* v,
+      Find(impl_->fields, key, google::protobuf::Value::kNumberValue, "a number"));
+  return v->number_value();
+}
+
+StatusOr<int64_t> SpecConfig::GetInt(const std::string& key) const {
+  CAPSULE_ASSIGN_OR_RETURN(const double v, GetDouble(key));
+  constexpr double kExact = 9007199254740992.0;  // 2^53
+  if (!(std::fabs(v) <= kExact) || std::floor(v) != v) {
+    return InvalidArgumentError("model config \"" + key + "\": not an integer");
+  }
+  return static_cast<int64_t>(v);
+}
+
+StatusOr<bool> SpecConfig::GetBool(const std::string& key) const {
+  CAPSULE_ASSIGN_OR_RETURN(
+      const google::protobuf::Value* v,
+      Find(impl_->fields, key, google::protobuf::Value::kBoolValue, "true or false"));
+  return v->bool_value();
+}
+
+StatusOr<std::string> SpecConfig::GetString(const std::string& key) const {
+  CAPSULE_ASSIGN_OR_RETURN(
+      const google::protobuf::Value* v,
+      Find(impl_->fields, key, google::protobuf::Value::kStringValue, "a string"));
+  return v->string_value();
+}
+
+StatusOr<double> SpecConfig::GetDouble(const std::string& key, double fallback) const {
+  return Has(key) ? GetDouble(key) : StatusOr<double>(fallback);
+}
+StatusOr<int64_t> SpecConfig::GetInt(const std::string& key, int64_t fallback) const {
+  return Has(key) ? GetInt(key) : StatusOr<int64_t>(fallback);
+}
+StatusOr<bool> SpecConfig::GetBool(const std::string& key, bool fallback) const {
+  return Has(key) ? GetBool(key) : StatusOr<bool>(fallback);
+}
+
+std::string SpecConfig::ToJson() const {
+  // protobuf's map iteration order is unspecified: print from a sorted copy, one key at a time.
+  const std::map<std::string, google::protobuf::Value> sorted(impl_->fields.fields().begin(),
+                                                              impl_->fields.fields().end());
+  std::string out = "{";
+  for (const auto& [key, value] : sorted) {
+    google::protobuf::Value k;
+    k.set_string_value(key);
+    std::string key_json, value_json;
+    (void)google::protobuf::util::MessageToJsonString(k, &key_json);
+    (void)google::protobuf::util::MessageToJsonString(value, &value_json);
+    out += (out.size() > 1 ? "," : "") + key_json + ":" + value_json;
+  }
+  return out + "}";
+}
+
+}  // namespace capsule
