@@ -4,10 +4,12 @@
 #   scripts/test.sh            # build dir: build/
 #   BUILD_DIR=out scripts/test.sh
 #   CAPSULE_WITH_TORCH=OFF scripts/test.sh   # the format layer alone, without LibTorch
+#   CAPSULE_WERROR=ON scripts/test.sh        # warnings are errors (as CI builds)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
 with_torch=${CAPSULE_WITH_TORCH:-ON}
+werror=${CAPSULE_WERROR:-OFF}
 jobs=${JOBS:-$(nproc)}
 
 "$root/scripts/setup-deps.sh"
@@ -15,7 +17,8 @@ jobs=${JOBS:-$(nproc)}
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCAPSULE_WITH_TORCH="$with_torch" -DCAPSULE_BUILD_TESTS=ON -DCAPSULE_BUILD_BENCH=ON
+  -DCAPSULE_WITH_TORCH="$with_torch" -DCAPSULE_WERROR="$werror" -DCAPSULE_BUILD_TESTS=ON \
+  -DCAPSULE_BUILD_BENCH=ON
 cmake --build "$build" -j "$jobs"
 cd "$build"
 ctest --output-on-failure -j "$jobs" --timeout 1500

@@ -24,6 +24,21 @@
 namespace capsule::test {
 namespace {
 
+// AddressSanitizer's shadow memory and quarantine multiply what an allocation costs in RSS, so
+// the memory bounds below hold only in a plain build; under a sanitizer the cases still run (and
+// must be answered correctly), their cost is printed, not bounded.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssIsMeaningful = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kRssIsMeaningful = false;
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
+
 using internal::CheckWireLimits;
 using internal::WireCounts;
 
@@ -395,7 +410,9 @@ TEST_F(LimitsTest, A900MiBBombCostsNothing) {
   const Cost c = Open(bomb, Strict());
   Report("900 MiB unknown-field bomb", bomb.size(), c);
   EXPECT_EQ(c.code, static_cast<int>(StatusCode::kResourceExhausted));
-  EXPECT_LT(c.peak_rss_growth_kb, 16 * 1024);  // one step of decompression, zstd's window
+  if (kRssIsMeaningful) {
+    EXPECT_LT(c.peak_rss_growth_kb, 16 * 1024);  // one step of decompression, zstd's window
+  }
   // (The time it takes is printed, not asserted: timings belong in bench/.)
   RecordProperty("bomb_rss_kb", static_cast<int>(c.peak_rss_growth_kb));
 }
@@ -466,7 +483,9 @@ TEST_F(LimitsTest, WorstCasesUnderTheLimitsCostASmallMultipleOfTheirSize) {
     const Cost c = Open(k.bytes, o);
     Report(k.what, k.bytes.size(), c);
     EXPECT_EQ(c.code, static_cast<int>(StatusCode::kOk)) << k.what;
-    EXPECT_LT(c.peak_rss_growth_kb / 1024, k.max_rss_mib) << k.what;
+    if (kRssIsMeaningful) {
+      EXPECT_LT(c.peak_rss_growth_kb / 1024, k.max_rss_mib) << k.what;
+    }
   }
 }
 
