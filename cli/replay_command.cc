@@ -32,9 +32,13 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; " << r.intra_op_threads()
       << " intra-op threads\n";
   for (const auto& w : r.warnings()) out << "warning: " << w << "\n";
+  // Each row shows the bound applied to it (atol + rtol*|ref|, atol already scaled for gradients)
+  // and the worst error as a multiple of it: above 1 fails. A relative error alone misleads on a
+  // near-zero reference.
   out << "\n"
       << Pad("phase", 9) << Pad("layer", 12) << Pad("tensor", 26) << Pad("max abs err", 13)
-      << Pad("max rel err", 13) << Pad("non-finite", 12) << "verdict\n";
+      << Pad("allowed: atol + rtol*|ref|", 28) << Pad("err/allowed", 13) << Pad("non-finite", 12)
+      << "verdict\n";
   for (const auto& l : r.layers()) {
     // The same spelling as the Markdown and HTML reports: the enum's name.
     std::string verdict = v1::Verdict_Name(l.verdict());
@@ -44,7 +48,10 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
     }
     out << Pad(l.phase() == v1::FORWARD ? "forward" : "backward", 9) << Pad(l.name(), 12)
         << Pad(l.tensor(), 26) << Pad(FormatSignificant(l.max_abs_err(), 3), 13)
-        << Pad(FormatSignificant(l.max_rel_err(), 3), 13)
+        << Pad(FormatSignificant(l.atol_applied(), 3) + " + " + FormatSignificant(l.rtol(), 3) +
+                   "*|ref|",
+               28)
+        << Pad(FormatSignificant(l.worst_ratio(), 3), 13)
         << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict << "\n";
   }
   if (r.has_bisect()) {

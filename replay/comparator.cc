@@ -114,6 +114,7 @@ struct Accumulator {
   double worst_err = -1, worst_c = 0, worst_r = 0;
   int64_t rows = 0, rows_agree = 0;
   double ref_absmax = 0;
+  double max_ratio = 0;  // max |c - r| / (atol + rtol * |r|) over finite pairs
 };
 
 // `atol` is the effective absolute term (already scaled by max |r| in kReferenceMax mode).
@@ -135,7 +136,12 @@ void AccumulateChunk(const double* c, const double* r, int64_t n, int64_t offset
       r2 += rv * rv;
       c2 += cv * cv;
       dot += cv * rv;
-      if (err > atol + rtol * ref_abs) {
+      const double allowed = atol + rtol * ref_abs;
+      if (err > 0) {
+        acc.max_ratio = std::max(
+            acc.max_ratio, allowed > 0 ? err / allowed : std::numeric_limits<double>::infinity());
+      }
+      if (err > allowed) {
         ++acc.failed;
         if (err > acc.worst_err) {
           acc.worst_err = err;
@@ -225,6 +231,7 @@ StatusOr<TensorComparison> CompareImpl(const at::Tensor& candidate, const at::Te
     if (out.atol_scale == AtolScale::kReferenceMax && std::isfinite(atol)) {
       atol *= FiniteAbsMax(r_flat, chunk);
     }
+    out.atol_applied = atol;
     for (int64_t start = 0; start < out.numel; start += chunk) {
       const int64_t end = std::min(out.numel, start + chunk);
       const at::Tensor c = Fp64Chunk(c_flat, start, end);
@@ -246,6 +253,7 @@ StatusOr<TensorComparison> CompareImpl(const at::Tensor& candidate, const at::Te
   out.max_abs_err = acc.max_abs;
   out.reference_absmax = acc.ref_absmax;
   out.max_rel_err = acc.max_rel;
+  out.worst_ratio = acc.max_ratio;
   if (acc.sum_r2 > 0) {
     out.rms_err_rel = std::sqrt(acc.sum_d2) / std::sqrt(acc.sum_r2);
   } else {

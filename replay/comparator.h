@@ -101,6 +101,13 @@ struct TensorComparison {
   std::optional<double> top1_agreement;
   Tolerance tolerance_used;
   AtolScale atol_scale = AtolScale::kAbsolute;
+  // The absolute term actually applied: tolerance_used.atol, times max |r| in kReferenceMax mode.
+  double atol_applied = 0;
+  // How close the worst finite element came to failing: max over finite pairs of
+  // |c - r| / (atol_applied + rtol * |r|). Above 1 means at least one element fails; 0.5 means
+  // every error is at most half of what was allowed. +inf when an element differs where nothing
+  // was allowed (atol_applied and r both 0). Non-finite mismatches are counted apart.
+  double worst_ratio = 0;
   bool diverged = false;
   // Why it diverged, e.g. "3 of 4096 elements (0.073%) exceed atol+rtol*|ref| (atol 2e-05,
   // rtol 1e-05); worst at index 17: 0.51 vs ref 0.5"; empty when it did not.

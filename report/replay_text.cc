@@ -34,12 +34,16 @@ std::string Numerics(const v1::ReplayReport& r) {
     return kNumerics + b.strategy() + " names first bad layer " + layer + " in " +
            std::to_string(b.probes()) + " composite runs";
   }
-  std::string text = kNumerics + std::string("first divergent layer ") + layer + " (" +
-                     (first->phase() == v1::FORWARD ? "forward" : "backward") + ", " +
-                     (first->nonfinite_mismatch() > 0
-                          ? std::to_string(first->nonfinite_mismatch()) + " non-finite mismatches"
-                          : "max rel err " + FormatSignificant(first->max_rel_err(), 3)) +
-                     ")";
+  std::string text =
+      kNumerics + std::string("first divergent layer ") + layer + " (" +
+      (first->phase() == v1::FORWARD ? "forward" : "backward") + ", " +
+      (first->nonfinite_mismatch() > 0
+           ? std::to_string(first->nonfinite_mismatch()) + " non-finite mismatches"
+       : first->has_worst_ratio()
+           ? "error " + FormatSignificant(first->worst_ratio(), 3) + "x what its tolerance allows"
+           // A replay report written before worst_ratio existed.
+           : "max rel err " + FormatSignificant(first->max_rel_err(), 3)) +
+      ")";
   if (r.has_bisect() && !b.strategy().empty()) {
     text +=
         b.first_bad_layer() == layer

@@ -193,6 +193,8 @@ ReportReplay ReplayModel(const v1::ReplayReport& r, Limiter& cap) {
     row.max_rel_err = l.max_rel_err();
     row.nonfinite_mismatch = l.nonfinite_mismatch();
     row.rtol = l.rtol();
+    if (l.has_atol_applied()) row.atol_applied = l.atol_applied();
+    if (l.has_worst_ratio()) row.worst_ratio = l.worst_ratio();
     row.verdict = v1::Verdict_Name(l.verdict());
     row.first_divergent = i == anchor;
     m.layers.push_back(std::move(row));

@@ -121,7 +121,11 @@ struct ReportDivergenceRow {
   double max_rel_err = 0;
   int64_t nonfinite_mismatch = 0;
   double rtol = 0;
-  std::string verdict;  // "OK" / "DIVERGED"
+  // The bound applied is atol_applied + rtol * |ref|, and worst_ratio the worst error as a
+  // multiple of it; nullopt when the replay report did not record them.
+  std::optional<double> atol_applied;
+  std::optional<double> worst_ratio;
+  std::string verdict;      // "OK" / "DIVERGED"
   bool first_divergent = false;
 };
 

@@ -200,9 +200,17 @@ void DivergenceChart(std::ostream& out, const ReportReplay& r) {
     if (l.phase == "forward") rows.push_back(&l);
   }
   if (rows.empty()) return;
-  const double rtol = rows.front()->rtol;
+  // The error as a multiple of the bound each layer was held to, with the line at 1: the
+  // threshold actually applied. Replay reports older than worst_ratio fall back to the maximum
+  // relative error against rtol.
+  bool ratios = false;
+  for (const auto* l : rows) ratios |= l->worst_ratio.has_value();
+  auto value = [ratios](const ReportDivergenceRow& l) {
+    return ratios ? l.worst_ratio.value_or(0) : l.max_rel_err;
+  };
+  const double rtol = ratios ? 1.0 : rows.front()->rtol;
   std::vector<double> values = {rtol};
-  for (const auto* l : rows) values.push_back(l->max_rel_err);
+  for (const auto* l : rows) values.push_back(value(*l));
   const LogAxis axis = MakeLogAxis(values);
   const double plot_h = 200;
   const double height = kTop + plot_h + 110;
@@ -214,10 +222,10 @@ void DivergenceChart(std::ostream& out, const ReportReplay& r) {
   LogTicks(out, axis, kTop, plot_h);
   for (size_t i = 0; i < rows.size(); ++i) {
     const ReportDivergenceRow& l = *rows[i];
-    const bool nonfinite = l.nonfinite_mismatch > 0 || !std::isfinite(l.max_rel_err);
+    const bool nonfinite = l.nonfinite_mismatch > 0 || !std::isfinite(value(l));
     const double x = kLeft + slot * i + slot * 0.15;
     const double w = slot * 0.7;
-    const double f = nonfinite ? 1.0 : std::max(axis.Fraction(l.max_rel_err), 0.01);
+    const double f = nonfinite ? 1.0 : std::max(axis.Fraction(value(l)), 0.01);
     const double h = plot_h * f;
     std::string cls = "bar";
     if (l.verdict == "DIVERGED") cls += " diverged";
@@ -225,9 +233,9 @@ void DivergenceChart(std::ostream& out, const ReportReplay& r) {
     if (l.first_divergent) cls += " first-divergent";
     out << "<rect class=\"" << cls << "\" x=\"" << FormatFixed(x, 1) << "\" y=\""
         << FormatFixed(kTop + plot_h - h, 1) << "\" width=\"" << FormatFixed(w, 1) << "\" height=\""
-        << FormatFixed(h, 1) << "\"><title>" << HtmlEscape(l.name) << ": max rel "
-        << FormatSignificant(l.max_rel_err, 6) << ", " << HtmlEscape(l.verdict)
-        << "</title></rect>\n";
+        << FormatFixed(h, 1) << "\"><title>" << HtmlEscape(l.name)
+        << (ratios ? ": err/allowed " : ": max rel ") << FormatSignificant(value(l), 6) << ", "
+        << HtmlEscape(l.verdict) << "</title></rect>\n";
     if (l.first_divergent) {
       out << "<text class=\"flag\" x=\"" << FormatFixed(x + w / 2, 1) << "\" y=\""
           << FormatFixed(kTop - 6, 1) << "\" text-anchor=\"middle\">first divergence</text>\n";
@@ -239,11 +247,16 @@ void DivergenceChart(std::ostream& out, const ReportReplay& r) {
     out << "<line id=\"tolerance-line\" class=\"tolerance\" x1=\"" << kLeft << "\" x2=\""
         << kChartWidth - kRight << "\" y1=\"" << FormatFixed(y, 1) << "\" y2=\""
         << FormatFixed(y, 1) << "\" stroke-dasharray=\"6 4\"/><text class=\"tick\" x=\""
-        << kChartWidth - kRight << "\" y=\"" << FormatFixed(y - 4, 1)
-        << "\" text-anchor=\"end\">rtol " << FormatSignificant(rtol, 6) << "</text>\n";
+        << kChartWidth - kRight << "\" y=\"" << FormatFixed(y - 4, 1) << "\" text-anchor=\"end\">"
+        << (ratios ? "allowed" : "rtol ") << (ratios ? std::string() : FormatSignificant(rtol, 6))
+        << "</text>\n";
   }
-  out << "</svg><figcaption>Max relative error of the optimized path against the reference, per "
-         "forward layer (log scale); the dashed line is rtol.</figcaption></figure>\n";
+  out << (ratios ? "</svg><figcaption>Worst error of the optimized path against the reference, "
+                   "as a multiple of the tolerance each forward layer was held to (log scale); "
+                   "the dashed line is what was allowed.</figcaption></figure>\n"
+                 : "</svg><figcaption>Max relative error of the optimized path against the "
+                   "reference, per forward layer (log scale); the dashed line is "
+                   "rtol.</figcaption></figure>\n");
 }
 
 void KeyValueTable(std::ostream& out, const std::vector<ReportKeyValue>& rows) {
@@ -418,15 +431,21 @@ void Divergence(std::ostream& out, const ReportModel& m) {
     if (!r.layers.empty()) {
       out << "<h2>Per-layer divergence (optimized vs reference)</h2>\n";
       DivergenceChart(out, r);
-      out << "<table><tr><th>#</th><th>layer</th><th>phase</th><th>max abs</th><th>max rel</th>"
+      out << "<table><tr><th>#</th><th>layer</th><th>phase</th><th>max abs</th>"
+             "<th>allowed: atol + rtol&middot;|ref|</th><th>err/allowed</th><th>max rel</th>"
              "<th>non-finite</th><th>verdict</th></tr>\n";
       for (const auto& l : r.layers) {
         out << "<tr" << (l.first_divergent ? " class=\"diverged\"" : "") << "><td>" << l.index
             << "</td><td>" << HtmlEscape(l.name)
             << (l.tensor.empty() ? "" : " (" + HtmlEscape(l.tensor) + ")") << "</td><td>" << l.phase
             << "</td><td>" << FormatSignificant(l.max_abs_err, 6) << "</td><td>"
-            << FormatSignificant(l.max_rel_err, 6) << "</td><td>" << l.nonfinite_mismatch
-            << "</td><td>" << HtmlEscape(l.verdict)
+            << (l.atol_applied ? FormatSignificant(*l.atol_applied, 3) + " + " +
+                                     FormatSignificant(l.rtol, 3) + "&middot;|ref|"
+                               : std::string("-"))
+            << "</td><td>"
+            << (l.worst_ratio ? FormatSignificant(*l.worst_ratio, 3) : std::string("-"))
+            << "</td><td>" << FormatSignificant(l.max_rel_err, 6) << "</td><td>"
+            << l.nonfinite_mismatch << "</td><td>" << HtmlEscape(l.verdict)
             << (l.first_divergent ? " &larr; first divergence" : "") << "</td></tr>\n";
       }
       out << "</table>\n";

@@ -61,6 +61,8 @@ void FillReplay(const ReportReplay& r, Json::Replay* o) {
     row.set_max_rel_err(l.max_rel_err);
     row.set_nonfinite_mismatch(l.nonfinite_mismatch);
     row.set_rtol(l.rtol);
+    if (l.atol_applied) row.set_atol_applied(*l.atol_applied);
+    if (l.worst_ratio) row.set_worst_ratio(*l.worst_ratio);
     row.set_verdict(l.verdict);
     row.set_first_divergent(l.first_divergent);
   }

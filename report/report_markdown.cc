@@ -215,16 +215,23 @@ void Divergence(std::ostream& out, const ReportModel& m) {
   const ReportReplay& r = *m.replay;
   if (!r.layers.empty()) {
     out << "### Per-layer divergence (optimized vs reference)\n\n";
-    out << "| # | layer | phase | max abs | max rel | non-finite | verdict |\n"
-        << "|---:|---|---|---:|---:|---:|---|\n";
+    // Per row, the bound applied and the worst error as a multiple of it (above 1 fails).
+    out << "| # | layer | phase | max abs | allowed: atol + rtol·\\|ref\\| | err/allowed | max rel "
+           "| non-finite | verdict |\n"
+        << "|---:|---|---|---:|---:|---:|---:|---:|---|\n";
     for (const auto& l : r.layers) {
       std::string name = MarkdownEscape(l.name);
       if (!l.tensor.empty()) name += " (" + MarkdownEscape(l.tensor) + ")";
       std::string verdict = MarkdownEscape(l.verdict);
       if (l.first_divergent) verdict = "**" + verdict + " ← first divergence**";
       out << "| " << l.index << " | " << name << " | " << l.phase << " | "
-          << FormatSignificant(l.max_abs_err, 6) << " | " << FormatSignificant(l.max_rel_err, 6)
-          << " | " << l.nonfinite_mismatch << " | " << verdict << " |\n";
+          << FormatSignificant(l.max_abs_err, 6) << " | "
+          << (l.atol_applied ? FormatSignificant(*l.atol_applied, 3) + " + " +
+                                   FormatSignificant(l.rtol, 3) + "·\\|ref\\|"
+                             : std::string("-"))
+          << " | " << (l.worst_ratio ? FormatSignificant(*l.worst_ratio, 3) : std::string("-"))
+          << " | " << FormatSignificant(l.max_rel_err, 6) << " | " << l.nonfinite_mismatch << " | "
+          << verdict << " |\n";
     }
     out << "\n";
   }

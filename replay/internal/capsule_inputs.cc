@@ -101,6 +101,8 @@ void FillComparison(const TensorComparison& t, v1::LayerComparison* out) {
   out->set_failed(t.failed);
   out->set_numel(t.numel);
   out->set_fail_fraction(t.fail_fraction);
+  out->set_atol_applied(t.atol_applied);
+  out->set_worst_ratio(t.worst_ratio);
   out->set_atol(t.tolerance_used.atol);
   out->set_rtol(t.tolerance_used.rtol);
   if (t.top1_agreement) out->set_top1_agreement(*t.top1_agreement);

@@ -264,6 +264,28 @@ TEST(Comparator, MetricsMatchHandComputedValues) {
   EXPECT_EQ(Compare(Doubles({0, 0}), Doubles({0, 0})).cosine, 1.0);
 }
 
+TEST(Comparator, WorstRatioIsTheErrorAsAMultipleOfItsBound) {
+  // Bounds atol + rtol*|r| = 1 + 0.5*|r|: 1.5 for r = 1 (error 0.75: half), 6 for r = 10 (error
+  // 3: half), 1 for r = 0 (error 2: twice, so it fails).
+  const TensorComparison t =
+      Compare(Doubles({1.75, 13, 2}), Doubles({1, 10, 0}), WithTolerance(1, 0.5));
+  EXPECT_DOUBLE_EQ(t.worst_ratio, 2.0);
+  EXPECT_DOUBLE_EQ(t.atol_applied, 1.0);
+  EXPECT_TRUE(t.diverged);
+  const TensorComparison ok = Compare(Doubles({1.75, 13}), Doubles({1, 10}), WithTolerance(1, 0.5));
+  EXPECT_DOUBLE_EQ(ok.worst_ratio, 0.5);
+  EXPECT_FALSE(ok.diverged);
+  // Nothing allowed, something differs: infinitely far.
+  EXPECT_EQ(Compare(Doubles({1e-9}), Doubles({0}), WithTolerance(0, 0)).worst_ratio, kInf);
+  EXPECT_EQ(Compare(Doubles({0}), Doubles({0}), WithTolerance(0, 0)).worst_ratio, 0.0);
+  // With atol relative to the reference's scale, the bound shows the scaled atol.
+  CompareOptions scaled = WithTolerance(0.1, 0);
+  scaled.atol_scale = AtolScale::kReferenceMax;
+  const TensorComparison g = Compare(Doubles({0.5, 50}), Doubles({0, 40}), scaled);
+  EXPECT_DOUBLE_EQ(g.atol_applied, 4.0);
+  EXPECT_DOUBLE_EQ(g.worst_ratio, 2.5);
+}
+
 TEST(Comparator, Top1AgreementOverTheLastDimension) {
   // Rows 0 and 2 agree on their argmax, row 1 does not.
   const at::Tensor r = Doubles({0, 5, 1, 2, /**/ 9, 0, 0, 1, /**/ 0, 0, 0, 3}).view({3, 4});

@@ -64,6 +64,12 @@ TEST(DiagnosisSentenceTest, NumericsNamesTheLayerAndItsEvidence) {
   EXPECT_EQ(DiagnosisSentence(finite),
             "numerics in the optimized path: first divergent layer blocks.1 (backward, max rel "
             "err 0.0123)");
+  // With the bound's ratio (every report since it exists), the sentence says that instead: a
+  // relative error on a near-zero reference is no measure of how bad a layer is.
+  finite.mutable_layers(0)->set_worst_ratio(37.5);
+  EXPECT_EQ(DiagnosisSentence(finite),
+            "numerics in the optimized path: first divergent layer blocks.1 (backward, error 37.5x "
+            "what its tolerance allows)");
 }
 
 TEST(DiagnosisSentenceTest, NumericsSaysWhetherBisectAgrees) {

@@ -239,11 +239,11 @@ TEST(ReportEscapingTest, HostileCapsuleTextIsEscapedInEveryFormat) {
   EXPECT_NE(md.find("capsule verify 'script>.capsule' --pubkey SIGNER.pub"), std::string::npos);
 }
 
-// No raw control character (C0 but \n, DEL, C1 as UTF-8) and no bidirectional control.
+// No raw control character (C0 but \n and \t, DEL, C1 as UTF-8) and no bidirectional control.
 void ExpectNoTerminalControls(const std::string& text, bool newlines_allowed = true) {
   for (size_t i = 0; i < text.size(); ++i) {
     const auto ch = static_cast<unsigned char>(text[i]);
-    if (ch == '\n' && newlines_allowed) continue;
+    if ((ch == '\n' || ch == '\t') && newlines_allowed) continue;
     ASSERT_FALSE(ch < 0x20 || ch == 0x7f) << "raw control 0x" << std::hex << int(ch) << " at " << i;
     ASSERT_FALSE(ch == 0xC2 && i + 1 < text.size() &&
                  static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
