@@ -2,7 +2,7 @@
 // message, or as a capsule file re-sealed under a fresh digest) rendered by every human-facing
 // printer: `capsule inspect`'s summary, the Markdown, HTML and JSON reports, and the diff table
 // and JSON against a minimal capsule. Invariants, each abort()ing when broken:
-// - no raw control character (C0 but the line breaks our own layout makes, DEL, C1) and no
+// - no raw control character (C0 but line breaks and tabs, DEL, C1) and no
 //   bidirectional control reaches the inspect summary, the Markdown report or the diff table;
 // - the Markdown report fits a GitHub issue body (65,536 characters);
 // - every report stays within 4 MiB, whatever the capsule holds (the reader allows 1 MiB here);
@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include "capsule/base/printable.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/envelope_format.h"
 #include "capsule/proto/capsule.pb.h"
@@ -27,11 +28,23 @@
 namespace capsule::fuzz {
 namespace {
 
+// The line of `text` around byte `at`, escaped: what a finding reports.
+std::string LineAround(const std::string& text, size_t at) {
+  const size_t from = text.rfind('\n', at);
+  const size_t to = text.find('\n', at);
+  const size_t begin = from == std::string::npos ? 0 : from + 1;
+  return Printable(text.substr(begin, to == std::string::npos ? std::string::npos : to - begin));
+}
+
 // Fails when `text` holds a byte sequence a terminal would act on.
 void CheckTerminalSafe(const std::string& text, const char* what) {
   for (size_t i = 0; i < text.size(); ++i) {
     const auto ch = static_cast<unsigned char>(text[i]);
-    if ((ch < 0x20 && ch != '\n') || ch == 0x7f) Fail(what, InternalError("raw C0 control"));
+    // Line breaks and tabs are our own layout (Printable's kKeep passes them too); a tab moves
+    // the cursor forward only, so it cannot overwrite or forge anything.
+    if ((ch < 0x20 && ch != '\n' && ch != '\t') || ch == 0x7f) {
+      Fail(what, InternalError("raw C0 control in: " + LineAround(text, i)));
+    }
     const auto next = i + 1 < text.size() ? static_cast<unsigned char>(text[i + 1]) : 0;
     if (ch == 0xC2 && next >= 0x80 && next <= 0x9F) Fail(what, InternalError("raw C1 control"));
     if (ch == 0xE2 && i + 2 < text.size()) {
