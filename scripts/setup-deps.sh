@@ -39,5 +39,14 @@ sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 lock=(-o DPkg::Lock::Timeout=600)
-$sudo apt-get "${lock[@]}" update -qq
-$sudo apt-get "${lock[@]}" install -y -qq --no-install-recommends "${missing[@]}"
+# apt's progress goes to a log (printed only when something fails), so the demo's output stays
+# the demo's.
+log=$(mktemp /tmp/capsule-setup-deps.XXXXXX.log)
+if ! { $sudo apt-get "${lock[@]}" update -qq &&
+  $sudo apt-get "${lock[@]}" install -y -qq --no-install-recommends "${missing[@]}"; } > "$log" 2>&1; then
+  cat "$log" >&2
+  echo "setup-deps: apt-get failed (log above, kept in $log)" >&2
+  exit 1
+fi
+rm -f "$log"
+echo "setup-deps: installed ${#missing[@]} packages"
