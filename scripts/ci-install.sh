@@ -35,8 +35,11 @@ for h in capsule/base/status.h capsule/format/capsule_reader.h capsule/report/re
 done
 "$prefix/bin/capsule" --version
 
+# Without CLI11 and pkg-config: a capture-only trainer must not need them.
 cmake -S "$root/tests/install/consumer" -B "$work/consumer" -G Ninja \
-  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$work/consumer.log" ||
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=TRUE -DPKG_CONFIG_EXECUTABLE=/nonexistent/pkg-config \
+  > "$work/consumer.log" ||
   { cat "$work/consumer.log" >&2; exit 1; }
 cmake --build "$work/consumer" -j "$jobs"
 "$work/consumer/read_capsule" "$root/samples/golden/valid/full.capsule" \
