@@ -125,7 +125,7 @@ struct ReportDivergenceRow {
   // multiple of it; nullopt when the replay report did not record them.
   std::optional<double> atol_applied;
   std::optional<double> worst_ratio;
-  std::string verdict;      // "OK" / "DIVERGED"
+  std::string verdict;  // "OK" / "DIVERGED"
   bool first_divergent = false;
 };
 
