@@ -121,6 +121,12 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
     for (const auto& r : c.redaction().dropped()) out << " " << PrintableShort(r);
     out << "\n";
   }
+  if (c.redaction().unknown_field_bytes_dropped() > 0) {
+    // Redaction fails closed: fields it could not read (a newer writer's, or anyone's private
+    // ones) were dropped rather than kept unseen.
+    out << "  unknown fields dropped by redaction: "
+        << HumanBytes(c.redaction().unknown_field_bytes_dropped()) << "\n";
+  }
 }
 
 }  // namespace

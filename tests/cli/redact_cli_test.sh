@@ -34,6 +34,13 @@ echo "$json" | grep -q '"raw_text"' && bad inspect-json "raw_text survived"
 echo "$json" | grep -q '"hostname"' && bad inspect-json "hostname survived"
 echo "ok: redacted full.capsule verifies, inspects, records $(echo "$json" | grep -o '"dropped":[^]]*]')"
 
+# Fields redaction cannot read are dropped, and inspect says how much.
+"$capsule" redact "$src/tests/fuzz/corpus/ok-unknown-fields.capsule" --drop host \
+  --key "$work/other.key" -o "$work/unknown.capsule" > /dev/null || bad unknown "redact failed"
+"$capsule" inspect "$work/unknown.capsule" --pubkey "$keys/test-only-other.pub" |
+  grep -q "^  unknown fields dropped by redaction: [0-9.]* [KMG]*i*B$" ||
+  bad unknown "$("$capsule" inspect "$work/unknown.capsule" --pubkey "$keys/test-only-other.pub")"
+
 # Idempotent: redacting the redacted capsule again keeps the content.
 "$capsule" redact "$work/r.capsule" --drop text,tokens,paths,host --key "$work/other.key" \
   -o "$work/rr.capsule" --pubkey "$keys/test-only-other.pub" > /dev/null || bad twice "exit $?"
