@@ -34,6 +34,8 @@ for h in capsule/base/status.h capsule/format/capsule_reader.h capsule/report/re
   [ -f "$prefix/include/$h" ] || { echo "ci-install: $h is not installed" >&2; fail=1; }
 done
 "$prefix/bin/capsule" --version
+[ -f "$prefix/share/doc/capsule/capsule.md" ] ||
+  { echo "ci-install: the manual is not installed" >&2; fail=1; }
 
 # Without CLI11 and pkg-config: a capture-only trainer must not need them.
 cmake -S "$root/tests/install/consumer" -B "$work/consumer" -G Ninja \
