@@ -73,9 +73,10 @@ bool AppendEscape(uint32_t cp, LineBreaks breaks, std::string* out) {
   return false;
 }
 
-}  // namespace
-
-std::string Printable(std::string_view text, LineBreaks breaks) {
+// The one walk over `text`: valid characters are kept unless escape(cp, out) appended an escape
+// for them; every byte that is not part of valid UTF-8 becomes "\xNN".
+template <typename Escape>
+std::string Rewrite(std::string_view text, Escape escape) {
   std::string out;
   out.reserve(text.size());
   size_t i = 0;
@@ -89,52 +90,43 @@ std::string Printable(std::string_view text, LineBreaks breaks) {
       ++i;
       continue;
     }
-    if (!AppendEscape(cp, breaks, &out)) out.append(text.data() + i, len);
+    if (!escape(cp, &out)) out.append(text.data() + i, len);
     i += len;
   }
   return out;
+}
+
+// True when Rewrite(text, escape) would change nothing; needs_escape(cp) says whether it would
+// escape `cp`.
+template <typename NeedsEscape>
+bool Unchanged(std::string_view text, NeedsEscape needs_escape) {
+  size_t i = 0;
+  while (i < text.size()) {
+    uint32_t cp = 0;
+    const size_t len = DecodeUtf8(text.substr(i), &cp);
+    if (len == 0 || needs_escape(cp)) return false;
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string Printable(std::string_view text, LineBreaks breaks) {
+  return Rewrite(text,
+                 [breaks](uint32_t cp, std::string* out) { return AppendEscape(cp, breaks, out); });
 }
 
 bool IsUtf8(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    uint32_t cp = 0;
-    const size_t len = DecodeUtf8(text.substr(i), &cp);
-    if (len == 0) return false;
-    i += len;
-  }
-  return true;
+  return Unchanged(text, [](uint32_t) { return false; });
 }
 
 std::string EscapeInvalidUtf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    uint32_t cp = 0;
-    const size_t len = DecodeUtf8(text.substr(i), &cp);
-    if (len == 0) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(text[i]));
-      out += buf;
-      ++i;
-    } else {
-      out.append(text.data() + i, len);
-      i += len;
-    }
-  }
-  return out;
+  return Rewrite(text, [](uint32_t, std::string*) { return false; });
 }
 
 bool IsPrintable(std::string_view text, LineBreaks breaks) {
-  size_t i = 0;
-  while (i < text.size()) {
-    uint32_t cp = 0;
-    const size_t len = DecodeUtf8(text.substr(i), &cp);
-    if (len == 0 || AppendEscape(cp, breaks, nullptr)) return false;
-    i += len;
-  }
-  return true;
+  return Unchanged(text, [breaks](uint32_t cp) { return AppendEscape(cp, breaks, nullptr); });
 }
 
 std::string PrintableShort(std::string_view text, size_t max_bytes) {

@@ -175,7 +175,9 @@ void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch&
   // Index tensors are small (batch x seq int64); copying them keeps the snapshot valid even if the
   // trainer reuses its buffers in place.
   s.batch.tensors.input_ids = CopyIfDefined(batch.tensors.input_ids);
-  s.batch.tensors.inputs = CopyIfDefined(batch.tensors.inputs);
+  // `inputs` (features, images) can be large: the snapshot keeps the trainer's tensor, not a copy,
+  // so the armed per-step cost stays small. A trainer that overwrites it in place before EndStep
+  // must pass a fresh tensor (monitor.h).
   s.batch.tensors.labels = CopyIfDefined(batch.tensors.labels);
   s.batch.tensors.attention_mask = CopyIfDefined(batch.tensors.attention_mask);
   s.batch.tensors.loss_mask = CopyIfDefined(batch.tensors.loss_mask);

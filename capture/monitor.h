@@ -176,7 +176,9 @@ class Monitor {
   // Appends a line to the log ring stored in capsules.
   void Log(const std::string& line);
 
-  // Snapshots RNG states, the cursor and the batch. Call before the step's forward pass.
+  // Snapshots RNG states, the cursor and the batch. Call before the step's forward pass. Token ids,
+  // labels and masks are copied (they are small); batch.tensors.inputs is kept by reference, so
+  // do not overwrite it in place before EndStep.
   void BeginStep(int64_t step, const DataCursor& cursor, const StepBatch& batch);
 
   // Records the scalars and runs the triggers; captures when one fires. Call before the optimizer

@@ -32,19 +32,17 @@ int RunVerifyCommand(const VerifyOptions& options) {
   read_options->verify_tensor_digests = options.deep;
   // A file that cannot be read (missing, a directory, a FIFO, too large) was never judged: exit 2,
   // as every other command. Only what the bytes say makes a capsule invalid (exit 1).
+  auto failed = [&options](const Status& why, int exit_code) {
+    PrintError(why);
+    std::cout << Printable(options.file) << ": FAILED (" << StatusCodeName(why.code()) << ")\n";
+    return exit_code;
+  };
   auto bytes = ReadFileBytes(options.file, read_options->max_file_bytes);
-  if (!bytes.ok()) {
-    PrintError(bytes.status());
-    std::cout << Printable(options.file) << ": FAILED (" << StatusCodeName(bytes.status().code())
-              << ")\n";
-    return kExitError;
-  }
+  if (!bytes.ok()) return failed(bytes.status(), kExitError);
   auto decoded = DecodeCapsule(*bytes, *read_options);
   if (!decoded.ok()) {
-    PrintError(decoded.status().WithContext(options.file));
-    std::cout << Printable(options.file) << ": FAILED (" << StatusCodeName(decoded.status().code())
-              << ")\n";
-    return ExitCodeForReadError(decoded.status());
+    return failed(decoded.status().WithContext(options.file),
+                  ExitCodeForReadError(decoded.status()));
   }
   std::cout << Printable(options.file) << ": OK, signed by key "
             << HexEncode(decoded->envelope.key_id) << (options.deep ? ", content valid" : "")

@@ -400,8 +400,8 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
     return f.path.find('/') != std::string::npos;
   });
   if (has_dirs) m.private_data.push_back({"paths", "file paths with their directories"});
-  for (const ReportKeyValue& kv : m.environment) {
-    if (kv.key == "host" && kv.value != "-") m.private_data.push_back({"host", "the host name"});
+  if (!redact.host && !c.environment().hostname().empty()) {
+    m.private_data.push_back({"host", "the host name"});
   }
 
   if (replay != nullptr) m.replay = ReplayModel(*replay, cap);

@@ -28,20 +28,6 @@ std::string Frame(std::string_view data) {
   return OrDie(internal::ZstdCompress(data, internal::CompressOptions()));
 }
 
-// Bytes zstd cannot shrink, so the frame stores them in a raw block and a flipped byte in the
-// middle changes the content, not the block structure.
-std::string Incompressible(size_t n) {
-  std::string s(n, '\0');
-  uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (char& c : s) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    c = static_cast<char>(x >> 56);
-  }
-  return s;
-}
-
 class ReaderRulesTest : public CapsuleBytesTest {
  protected:
   // An envelope around `frame`, signed with key_, declaring `uncompressed` bytes.

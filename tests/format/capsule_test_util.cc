@@ -388,6 +388,18 @@ std::string Reseal(std::string_view bytes, const PrivateKey* key) {
   return out;
 }
 
+std::string Incompressible(size_t n) {
+  std::string s(n, '\0');
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (char& c : s) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    c = static_cast<char>(x >> 56);
+  }
+  return s;
+}
+
 std::string SerializeDeterministic(const v1::Capsule& capsule) {
   std::string out;
   google::protobuf::io::StringOutputStream stream(&out);

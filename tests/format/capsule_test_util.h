@@ -100,6 +100,10 @@ std::string BuildEnvelope(const RawHeader& header, std::string_view payload, con
 // when `key` is not null; unsigned otherwise) match the header and payload as they now are.
 std::string Reseal(std::string_view bytes, const PrivateKey* key);
 
+// `n` bytes zstd cannot shrink (xorshift), always the same: the frame stores them in a raw block,
+// so a flipped byte in the middle changes the content, not the block structure.
+std::string Incompressible(size_t n);
+
 // Deterministic serialization of `capsule` (what EncodeCapsule compresses).
 std::string SerializeDeterministic(const v1::Capsule& capsule);
 

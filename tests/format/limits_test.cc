@@ -417,23 +417,11 @@ TEST_F(LimitsTest, A900MiBBombCostsNothing) {
   RecordProperty("bomb_rss_kb", static_cast<int>(c.peak_rss_growth_kb));
 }
 
-// Bytes zstd cannot shrink.
-std::string Noise(size_t n) {
-  std::string s(n, '\0');
-  uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (char& c : s) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    c = static_cast<char>(x >> 56);
-  }
-  return s;
-}
-
 // `wire` plus an RNG state of noise a hundredth of its size: a file that would pass even a 128:1
 // ratio guard.
 std::string Padded(const std::string& wire) {
-  const std::string rng = Len(1, "pad") + Tag(2, 0) + Varint(3) + Len(5, Noise(wire.size() / 100));
+  const std::string rng =
+      Len(1, "pad") + Tag(2, 0) + Varint(3) + Len(5, Incompressible(wire.size() / 100));
   return wire + Len(8, Len(1, rng));
 }
 

@@ -74,6 +74,15 @@ std::string SerializeDeterministic(const google::protobuf::Message& message) {
 
 // Header ‖ payload of a capsule-shaped input under an unsigned trailer with a matching digest;
 // nullopt when the header's sizes do not lay out inside the input.
+std::optional<DecodedCapsule> DecodeFuzzInput(std::string_view bytes) {
+  const std::optional<std::string> file =
+      bytes.substr(0, kMagicSize) == kMagic ? ResealUnsigned(bytes) : SealMessage(bytes);
+  if (!file.has_value()) return std::nullopt;
+  StatusOr<DecodedCapsule> d = DecodeCapsule(*file, FuzzReadOptions());
+  if (!d.ok()) return std::nullopt;
+  return std::move(*d);
+}
+
 std::optional<std::string> ResealUnsigned(std::string_view bytes) {
   if (bytes.size() < kHeaderSizeV1) return std::nullopt;
   const uint64_t header_size = LoadLe32(&bytes[kOffHeaderSize]);

@@ -41,6 +41,12 @@ std::string SealMessage(std::string_view serialized);
 // lay out inside the input.
 std::optional<std::string> ResealUnsigned(std::string_view bytes);
 
+// What a target that works on decoded capsules reads an input as: a capsule file (magic first),
+// re-sealed so that mutations get past the digest, or else a serialized message, sealed; then
+// decoded with FuzzReadOptions. nullopt when it does not decode (the read target holds the
+// reader to its rules).
+std::optional<DecodedCapsule> DecodeFuzzInput(std::string_view bytes);
+
 // Deterministic serialization (map entries sorted), to compare messages byte for byte.
 std::string SerializeDeterministic(const google::protobuf::Message& message);
 

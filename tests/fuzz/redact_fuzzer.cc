@@ -122,16 +122,7 @@ void TestOneInput(std::string_view bytes) {
   QuietProtobuf();
   if (bytes.empty()) return;
   const uint8_t choice = static_cast<uint8_t>(bytes.back());
-  std::optional<std::string> file;
-  if (bytes.substr(0, kMagicSize) == kMagic) {
-    file = ResealUnsigned(bytes);
-  } else {
-    file = SealMessage(bytes);
-  }
-  if (!file.has_value()) return;
-  StatusOr<DecodedCapsule> d = DecodeCapsule(*file, FuzzReadOptions());
-  if (!d.ok()) return;  // the read target holds the reader to its rules
-  CheckRedaction(*d->capsule, choice);
+  if (std::optional<DecodedCapsule> d = DecodeFuzzInput(bytes)) CheckRedaction(*d->capsule, choice);
 }
 
 }  // namespace

@@ -94,16 +94,7 @@ void Render(const DecodedCapsule& d) {
 
 void TestOneInput(std::string_view bytes) {
   QuietProtobuf();
-  std::optional<std::string> file;
-  if (bytes.substr(0, kMagicSize) == kMagic) {
-    file = ResealUnsigned(bytes);
-  } else {
-    file = SealMessage(bytes);
-  }
-  if (!file.has_value()) return;
-  StatusOr<DecodedCapsule> d = DecodeCapsule(*file, FuzzReadOptions());
-  if (!d.ok()) return;  // the read target holds the reader to its rules
-  Render(*d);
+  if (std::optional<DecodedCapsule> d = DecodeFuzzInput(bytes)) Render(*d);
 }
 
 }  // namespace
