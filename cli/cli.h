@@ -20,9 +20,13 @@ class ModelRegistry;
 
 namespace capsule::cli {
 
+// Exit statuses, the same for every command (capsule.md, EXIT STATUS).
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitInvalid = 1;
-inline constexpr int kExitError = 2;
+inline constexpr int kExitFinding = 1;  // replay: a divergence or not reproduced; diff: they differ
+inline constexpr int kExitError = 2;    // could not judge: usage, files, limits, newer format
+inline constexpr int kExitUntrusted =
+    3;                                  // intact or not, the signer is not trusted / bad signature
+inline constexpr int kExitInvalid = 4;  // not a capsule, truncated, corrupt
 
 // The CLI with no models registered (replay then needs --plugin).
 int Main(int argc, char** argv);

@@ -54,7 +54,8 @@ int RunInspectCommand(const InspectOptions& options);
 struct VerifyOptions {
   std::string file;
   std::vector<std::string> pubkeys;
-  bool deep = false;  // also re-hash every embedded tensor and validate the content
+  bool deep = false;        // also re-hash every embedded tensor and validate the content
+  std::string save_signer;  // write the public key a 1.1 capsule carries to this PEM file
 };
 void SetupVerifyCommand(CLI::App& app, RunFn* run);
 int RunVerifyCommand(const VerifyOptions& options);

@@ -49,9 +49,10 @@ std::string RerunRemedy(const Status& status, const RerunFacts& f) {
 
 int ExitCodeForReadError(const Status& status) {
   switch (status.code()) {
+    case StatusCode::kUnauthenticated:
+      return kExitUntrusted;
     case StatusCode::kDataLoss:
     case StatusCode::kOutOfRange:
-    case StatusCode::kUnauthenticated:
     case StatusCode::kInvalidArgument:
       return kExitInvalid;
     default:

@@ -42,8 +42,9 @@ std::string RerunRemedy(const Status& status, const RerunFacts& facts);
 RerunFacts RerunFactsOf(const v1::Capsule& capsule, const ModelRegistry& registry);
 #endif
 
-// 1 for a capsule judged invalid (corrupt, truncated, unsigned, untrusted, not a capsule),
-// 2 for anything that stopped us from judging (missing file, permissions, limits, newer format).
+// 3 for a capsule whose signer is not trusted (unsigned, a key not given, a bad signature), 4 for
+// one judged invalid (corrupt, truncated, not a capsule), 2 for anything that stopped us from
+// judging (missing file, permissions, limits, newer format).
 int ExitCodeForReadError(const Status& status);
 
 // ReadOptions trusting the given public key files.

@@ -24,13 +24,13 @@ int RunDiffCommand(const DiffCliOptions& o) {
   // 1 means "they differ", so any read failure is an error (exit 2) here.
   int rc = kExitError;
   auto a = LoadCapsule(o.a, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
-  if (!a) return kExitError;
+  if (!a) return rc;
   auto b = LoadCapsule(o.b, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
-  if (!b) return kExitError;
+  if (!b) return rc;
   const std::vector<CapsuleDifference> diff =
       DiffCapsules(*a->decoded.capsule, *b->decoded.capsule);
   std::cout << (o.json ? RenderDiffJson(diff) : RenderDiffTable(diff));
-  return diff.empty() ? kExitOk : kExitInvalid;
+  return diff.empty() ? kExitOk : kExitFinding;
 }
 
 }  // namespace capsule::cli

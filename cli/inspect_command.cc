@@ -29,7 +29,9 @@ std::string EnvelopeJson(const EnvelopeInfo& e) {
      << ",\"signature\":\"" << SignatureStateName(e.signature) << "\""
      << ",\"signer_key_id\":"
      << (e.signature_algorithm == kSigAlgNone ? "null" : "\"" + HexEncode(e.key_id) + "\"")
-     << ",\"digest\":\"" << HexEncode(e.digest) << "\"}";
+     << ",\"signer_key\":"
+     << (e.signer_key.empty() ? "null" : "\"" + HexEncode(e.signer_key) + "\"") << ",\"digest\":\""
+     << HexEncode(e.digest) << "\"}";
   return os.str();
 }
 

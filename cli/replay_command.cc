@@ -156,11 +156,10 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
     PrintError(s);
     return kExitError;
   }
-  // Replay cannot judge a capsule it cannot trust: every refusal is an error (exit 2) here.
   int rc = kExitError;
   std::optional<LoadedCapsule> loaded =
       LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
-  if (!loaded) return kExitError;
+  if (!loaded) return rc;
   auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
   if (tty) std::cerr << "\r\033[K" << std::flush;
   if (!report.ok()) {
@@ -200,7 +199,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   } else {
     PrintHuman(*report, std::cout);
   }
-  return report->diagnosis() == v1::NO_DIVERGENCE ? kExitOk : kExitInvalid;
+  return report->diagnosis() == v1::NO_DIVERGENCE ? kExitOk : kExitFinding;
 }
 
 }  // namespace capsule::cli

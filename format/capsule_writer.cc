@@ -54,17 +54,18 @@ StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptio
   internal::CompressOptions copts;
   copts.level = options.compression_level;
   copts.workers = options.compression_workers;
-  const size_t bound = internal::ZstdCompressBound(size);
-  std::string out;
-  out.reserve(kHeaderSizeV1 + bound + kTrailerFixedSize + kEd25519SignatureSize);
-  out.resize(kHeaderSizeV1 + bound);
-  CAPSULE_ASSIGN_OR_RETURN(size_t frame_size,
-                           internal::ZstdCompressInto(std::string_view(serialized.get(), size),
-                                                      &out[kHeaderSizeV1], bound, copts));
-  out.resize(kHeaderSizeV1 + frame_size);
   SealOptions seal;
   seal.signing_key = options.signing_key;
   seal.optional_flags = options.optional_flags;
+  const size_t header_size = SealedHeaderSize(seal);
+  const size_t bound = internal::ZstdCompressBound(size);
+  std::string out;
+  out.reserve(header_size + bound + kTrailerFixedSize + kEd25519SignatureSize);
+  out.resize(header_size + bound);
+  CAPSULE_ASSIGN_OR_RETURN(size_t frame_size,
+                           internal::ZstdCompressInto(std::string_view(serialized.get(), size),
+                                                      &out[header_size], bound, copts));
+  out.resize(header_size + frame_size);
   CAPSULE_RETURN_IF_ERROR(SealEnvelopeInPlace(&out, size, seal));
   return out;
 }

@@ -1,6 +1,7 @@
 #include "capsule/format/envelope.h"
 
 #include <cstring>
+#include <optional>
 
 #include "capsule/base/sha256.h"
 #include "capsule/format/internal/little_endian.h"
@@ -19,6 +20,8 @@ const char* SignatureStateName(SignatureState s) {
       return "verified";
     case SignatureState::kUnsigned:
       return "unsigned";
+    case SignatureState::kValidUnknownSigner:
+      return "valid, unknown signer";
     case SignatureState::kNotChecked:
       return "not checked";
   }
@@ -34,31 +37,42 @@ std::string SignedMessage(std::string_view header_bytes, std::string_view payloa
   return m;
 }
 
+size_t SealedHeaderSize(const SealOptions& options) {
+  return options.signing_key != nullptr && options.embed_signer_key ? kHeaderSizeV1SignerKey
+                                                                    : kHeaderSizeV1;
+}
+
 Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
                            const SealOptions& options) {
-  if (buffer->size() < kHeaderSizeV1) return InternalError("seal: no room for the header");
+  const size_t header_size = SealedHeaderSize(options);
+  if (buffer->size() < header_size) return InternalError("seal: no room for the header");
   std::string& out = *buffer;
-  const uint64_t payload_size = out.size() - kHeaderSizeV1;
+  const uint64_t payload_size = out.size() - header_size;
+  std::string key_id(kSha256Size, '\0');
+  std::optional<PublicKey> pub;
+  if (options.signing_key != nullptr) {
+    CAPSULE_ASSIGN_OR_RETURN(pub, options.signing_key->GetPublicKey());
+    key_id = pub->KeyId();
+  }
+  const bool embed = header_size == kHeaderSizeV1SignerKey;
   std::memcpy(out.data(), kMagic.data(), kMagicSize);
   StoreLe16(&out[kOffMajor], options.major);
-  StoreLe16(&out[kOffMinor], options.minor);
-  StoreLe32(&out[kOffHeaderSize], kHeaderSizeV1);
+  StoreLe16(&out[kOffMinor], options.minor.value_or(embed ? 1 : 0));
+  StoreLe32(&out[kOffHeaderSize], static_cast<uint32_t>(header_size));
   StoreLe32(&out[kOffRequiredFlags], options.required_flags);
-  StoreLe32(&out[kOffOptionalFlags], options.optional_flags);
+  StoreLe32(&out[kOffOptionalFlags],
+            options.optional_flags | (embed ? kOptionalFlagSignerKey : 0u));
   StoreLe64(&out[kOffPayloadSize], payload_size);
   StoreLe64(&out[kOffUncompressedSize], uncompressed_size);
   StoreLe32(&out[kOffPayloadCodec], kPayloadCodecZstd);
   StoreLe32(&out[kOffHeaderReserved], 0);
+  if (embed) std::memcpy(&out[kOffSignerKey], pub->raw().data(), kEd25519KeySize);
 
   const std::string_view view(out);
-  const std::string message =
-      SignedMessage(view.substr(0, kHeaderSizeV1), view.substr(kHeaderSizeV1));
-  std::string key_id(kSha256Size, '\0');
+  const std::string message = SignedMessage(view.substr(0, header_size), view.substr(header_size));
   std::string signature;
   uint16_t alg = kSigAlgNone;
   if (options.signing_key != nullptr) {
-    CAPSULE_ASSIGN_OR_RETURN(PublicKey pub, options.signing_key->GetPublicKey());
-    key_id = pub.KeyId();
     CAPSULE_ASSIGN_OR_RETURN(signature, Sign(*options.signing_key, message));
     alg = kSigAlgEd25519;
   }
@@ -82,8 +96,9 @@ Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
 StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompressed_size,
                                    const SealOptions& options) {
   std::string out;
-  out.reserve(kHeaderSizeV1 + payload.size() + kTrailerFixedSize + kEd25519SignatureSize);
-  out.resize(kHeaderSizeV1);
+  const size_t header_size = SealedHeaderSize(options);
+  out.reserve(header_size + payload.size() + kTrailerFixedSize + kEd25519SignatureSize);
+  out.resize(header_size);
   out.append(payload);
   CAPSULE_RETURN_IF_ERROR(SealEnvelopeInPlace(&out, uncompressed_size, options));
   return out;
@@ -233,6 +248,23 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     return DataLossError("corrupt capsule (digest mismatch: header or payload bytes changed)");
   }
 
+  // 10, first (1.1). The signer key the header carries must be the key the trailer names; the flag
+  // without a signature, or without room for the key, is corrupt. After the digest, so that a
+  // changed key byte reads as the corruption it is.
+  if ((h.optional_flags & kOptionalFlagSignerKey) != 0) {
+    if (h.header_size < kHeaderSizeV1SignerKey) {
+      return DataLossError("corrupt header (signer key flag with a header of " +
+                           std::to_string(h.header_size) + " bytes)");
+    }
+    if (env.info.signature_algorithm != kSigAlgEd25519) {
+      return DataLossError("corrupt capsule (signer key in the header of an unsigned capsule)");
+    }
+    env.info.signer_key = std::string(file.substr(kOffSignerKey, kEd25519KeySize));
+    if (Sha256(env.info.signer_key) != env.info.key_id) {
+      return DataLossError("corrupt capsule (the header's signer key is not the trailer's key id)");
+    }
+  }
+
   // 10. Signature, before the payload is decompressed or parsed.
   if (env.info.signature_algorithm == kSigAlgNone) {
     if (!options.allow_unsigned) {
@@ -247,18 +279,28 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
   for (const PublicKey& k : options.trusted_keys) {
     if (k.KeyId() == env.info.key_id) key = &k;
   }
+  // A key the capsule carries is checked like a trusted one; only trust differs.
+  std::optional<PublicKey> carried;
+  if (key == nullptr && !env.info.signer_key.empty()) {
+    CAPSULE_ASSIGN_OR_RETURN(carried, PublicKey::FromRaw(env.info.signer_key));
+  }
+  const PublicKey* check = key != nullptr ? key : (carried ? &*carried : nullptr);
+  if (check != nullptr && !Verify(*check, message, signature).ok()) {
+    return UnauthenticatedError("bad signature: capsule was not signed by key " +
+                                check->KeyIdHex().substr(0, 16) + " or was altered");
+  }
   if (key == nullptr) {
     if (!options.allow_untrusted) {
-      return UnauthenticatedError("capsule is signed by untrusted key " +
-                                  HexEncode(env.info.key_id).substr(0, 16) +
-                                  "; pass the signer's public key with --pubkey");
+      return UnauthenticatedError(
+          "capsule is signed by untrusted key " + HexEncode(env.info.key_id).substr(0, 16) +
+          (carried ? " (the signature is valid)" : "") + "; to trust it, check its key id " +
+          HexEncode(env.info.key_id) +
+          " with the signer, then pass their public key with --pubkey" +
+          (carried ? " (capsule verify --save-signer PUB writes it out of the capsule)" : ""));
     }
-    env.info.signature = SignatureState::kNotChecked;
+    env.info.signature =
+        carried ? SignatureState::kValidUnknownSigner : SignatureState::kNotChecked;
     return env;
-  }
-  if (!Verify(*key, message, signature).ok()) {
-    return UnauthenticatedError("bad signature: capsule was not signed by key " +
-                                key->KeyIdHex().substr(0, 16) + " or was altered");
   }
   env.info.signature = SignatureState::kVerified;
   return env;

@@ -15,6 +15,7 @@
 #define CAPSULE_FORMAT_ENVELOPE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,17 +38,25 @@ struct EnvelopeHeader {
 };
 
 enum class SignatureState {
-  kVerified,    // signed, and the signature checks against a trusted key
-  kUnsigned,    // no signature (allowed by OpenOptions::allow_unsigned)
-  kNotChecked,  // signed by a key not in the trusted set (allowed by allow_untrusted)
+  kVerified,  // signed, and the signature checks against a trusted key
+  kUnsigned,  // no signature (allowed by OpenOptions::allow_unsigned)
+  // Signed by a key outside the trusted set, and the signature checks against the public key the
+  // capsule carries (format 1.1): intact since it was signed, by a signer the reader has not
+  // chosen to trust (allowed by allow_untrusted). Like gpg's "good signature from unknown key".
+  kValidUnknownSigner,
+  // Signed by a key outside the trusted set by a 1.0 writer, which does not carry the key: the
+  // signature cannot be checked (allowed by allow_untrusted).
+  kNotChecked,
 };
-const char* SignatureStateName(SignatureState s);  // "verified", "unsigned", "not checked"
+// "verified", "unsigned", "valid, unknown signer", "not checked"
+const char* SignatureStateName(SignatureState s);
 
 struct EnvelopeInfo {
   EnvelopeHeader header;
   uint16_t signature_algorithm = kSigAlgNone;
-  std::string key_id;  // raw 32 bytes; all zero when unsigned
-  std::string digest;  // raw 32 bytes: SHA-256 of the signed message
+  std::string key_id;      // raw 32 bytes; all zero when unsigned
+  std::string signer_key;  // the raw 32-byte public key the header carries (1.1); else empty
+  std::string digest;      // raw 32 bytes: SHA-256 of the signed message
   SignatureState signature = SignatureState::kUnsigned;
   uint64_t file_size = 0;
 };
@@ -56,18 +65,24 @@ struct SealOptions {
   // Signs with this key when set; the capsule is unsigned otherwise. Not owned.
   const PrivateKey* signing_key = nullptr;
   uint32_t optional_flags = 0;
+  // A signed capsule carries the signer's public key in its header (format 1.1), so that a reader
+  // who does not know the key can still check the signature. Tests turn it off to write 1.0.
+  bool embed_signer_key = true;
   // Writing anything but the defaults below makes a capsule this library refuses to read; only
-  // tests and the golden-sample generator set them.
+  // tests and the golden-sample generator set them. The minor is 1 with the signer key, else 0.
   uint16_t major = kFormatMajor;
-  uint16_t minor = kFormatMinor;
+  std::optional<uint16_t> minor;
   uint32_t required_flags = 0;
 };
+
+// The header size SealEnvelopeInPlace writes for `options`: 80 with the signer key, else 48.
+size_t SealedHeaderSize(const SealOptions& options);
 
 StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompressed_size,
                                    const SealOptions& options);
 
-// The same without copying the payload: `buffer` holds kHeaderSizeV1 bytes of room followed by
-// exactly the payload; the header is written in place and the trailer appended.
+// The same without copying the payload: `buffer` holds SealedHeaderSize(options) bytes of room
+// followed by exactly the payload; the header is written in place and the trailer appended.
 Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
                            const SealOptions& options);
 
@@ -76,7 +91,9 @@ struct OpenOptions {
   std::vector<PublicKey> trusted_keys;
   // Accept a capsule without a signature (integrity is still checked through the digest).
   bool allow_unsigned = false;
-  // Accept a capsule signed by a key outside trusted_keys, without checking the signature.
+  // Accept a capsule signed by a key outside trusted_keys: its signature is checked against the
+  // key the capsule carries (kValidUnknownSigner), or cannot be when it carries none (kNotChecked).
+  // A signature that fails is refused either way.
   bool allow_untrusted = false;
 };
 

@@ -27,11 +27,15 @@ inline constexpr std::string_view kEndMagic(
     8);
 
 inline constexpr uint16_t kFormatMajor = 1;
-inline constexpr uint16_t kFormatMinor = 0;
+// The newest minor this library writes and reads. 1.1 appends the signer's public key to the
+// header of a signed capsule; a capsule without it is written as 1.0, byte for byte.
+inline constexpr uint16_t kFormatMinor = 1;
 
 // Header v1.0 is 48 bytes; a later minor version may append fields (header_size grows), which a
 // 1.0 reader skips (they are still covered by the digest and signature).
 inline constexpr size_t kHeaderSizeV1 = 48;
+// A 1.1 header with the signer key: 48 + the raw 32-byte Ed25519 public key.
+inline constexpr size_t kHeaderSizeV1SignerKey = 80;
 // A header_size above this is corrupt (FORMAT.md §2).
 inline constexpr size_t kMaxHeaderSize = size_t{1} << 20;
 // Header field offsets.
@@ -44,6 +48,7 @@ inline constexpr size_t kOffPayloadSize = 24;
 inline constexpr size_t kOffUncompressedSize = 32;
 inline constexpr size_t kOffPayloadCodec = 40;
 inline constexpr size_t kOffHeaderReserved = 44;
+inline constexpr size_t kOffSignerKey = 48;  // 1.1, with kOptionalFlagSignerKey
 
 // Required flags: a reader refuses a capsule with a bit it does not know. None defined in 1.0.
 inline constexpr uint32_t kKnownRequiredFlags = 0;
@@ -51,6 +56,9 @@ inline constexpr uint32_t kKnownRequiredFlags = 0;
 inline constexpr uint32_t kOptionalFlagRedacted = 1u << 0;    // made by `capsule redact`
 inline constexpr uint32_t kOptionalFlagHasWeights = 1u << 1;  // embeds all model weights
 inline constexpr uint32_t kOptionalFlagExtract = 1u << 2;     // a single-layer extract
+// 1.1: header bytes 48..80 hold the signer's raw public key (its SHA-256 is the trailer's key_id),
+// so a reader can check the signature of a key it does not know yet.
+inline constexpr uint32_t kOptionalFlagSignerKey = 1u << 3;
 
 inline constexpr uint32_t kPayloadCodecZstd = 1;
 

@@ -35,8 +35,10 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
       << e.header.uncompressed_size << " uncompressed)\n";
   out << "  signature: " << SignatureStateName(e.signature);
   if (e.signature_algorithm != kSigAlgNone) out << ", ed25519 key " << HexEncode(e.key_id);
-  if (e.signature == SignatureState::kNotChecked) {
-    out << " (signer not given: --pubkey SIGNER.pub checks it)";
+  if (e.signature == SignatureState::kValidUnknownSigner) {
+    out << " (not a trusted key: --pubkey SIGNER.pub trusts it)";
+  } else if (e.signature == SignatureState::kNotChecked) {
+    out << " (format 1.0 carries no signer key: --pubkey SIGNER.pub checks it)";
   }
   out << "\n";
   out << "  written by capsule " << PrintableShort(c.writer_version()) << " at "

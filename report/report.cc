@@ -245,6 +245,10 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
     m.trust_warning =
         "this capsule is UNSIGNED: nothing shows who wrote it or that it is unaltered; treat its "
         "contents as untrusted";
+  } else if (envelope.signature == SignatureState::kValidUnknownSigner) {
+    m.trust_warning = "this capsule's signature is valid, but signer key " + m.signer_key_id +
+                      " is not a trusted key (--pubkey): it is unaltered since that key signed "
+                      "it, not proof of who holds the key; treat its contents as untrusted";
   } else if (envelope.signature == SignatureState::kNotChecked) {
     m.trust_warning = "this capsule's signature was NOT CHECKED: signer key " + m.signer_key_id +
                       " is not a trusted key (--pubkey); treat its contents as untrusted";

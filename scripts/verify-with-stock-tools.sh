@@ -3,10 +3,11 @@
 # protoc), running proto/FORMAT.md §6 "Reading" in its order: the envelope, the digest and the
 # signature before anything is decompressed, then the zstd frame, then protobuf. It answers as
 # `capsule verify` does, so the two can be compared on any file:
-#   FILE: OK, signed by key <64 hex>            exit 0
-#   FILE: FAILED (DATA_LOSS)                    exit 1 (DATA_LOSS, OUT_OF_RANGE, UNAUTHENTICATED,
-#                                                       INVALID_ARGUMENT), else 2; always 2 when
-#                                                       check 1 fails (the file was not judged)
+#   FILE: OK, signed by key <64 hex>                          exit 0
+#   FILE: UNTRUSTED, valid signature by unknown key <64 hex>  exit 3 (no --pubkey names the signer)
+#   FILE: FAILED (DATA_LOSS)    exit 3 for UNAUTHENTICATED, 4 for DATA_LOSS, OUT_OF_RANGE and
+#                               INVALID_ARGUMENT, else 2; always 2 when check 1 fails (the file
+#                               was not judged)
 # with the reason on stderr. Integers are read little-endian whatever the host (od --endian).
 #
 # Not checked (they need a protobuf wire parser or the schema's rules in code): the wire limits
@@ -14,7 +15,7 @@
 # only those is OK here and refused by `capsule verify`.
 #
 # Usage: verify-with-stock-tools.sh FILE (--pubkey PUB.pem)... [--allow-unsigned] [--proto DIR]
-#   --allow-unsigned  accept an unsigned capsule and a signer not among the keys, unchecked
+#   --allow-unsigned  accept an unsigned capsule (`capsule inspect --allow-unsigned` reads it)
 #   --proto DIR       the directory holding proto/capsule.proto (default: this script's repo)
 set -uo pipefail
 
@@ -40,6 +41,7 @@ for tool in dd od stat head tail openssl zstd protoc; do
   command -v "$tool" >/dev/null || { echo "verify-with-stock-tools: missing tool: $tool" >&2; exit 2; }
 done
 work=$(mktemp -d)
+exit_status=0
 trap 'rm -rf "$work"' EXIT
 
 # fail CODE MESSAGE: prints the verdict as `capsule verify` does and exits with its status.
@@ -47,7 +49,8 @@ fail() {
   echo "verify-with-stock-tools: $2" >&2
   echo "$file: FAILED ($1)"
   case "$1" in
-    DATA_LOSS | OUT_OF_RANGE | UNAUTHENTICATED | INVALID_ARGUMENT) exit 1 ;;
+    UNAUTHENTICATED) exit 3 ;;
+    DATA_LOSS | OUT_OF_RANGE | INVALID_ARGUMENT) exit 4 ;;
     *) exit 2 ;;
   esac
 }
@@ -150,7 +153,24 @@ dd if="$file" of="$work/payload.zst" bs=4M iflag=skip_bytes,count_bytes skip="$h
 [ "$(hexof T 40 32)" = "$(sha256_hex "$work/msg.bin")" ] ||
   fail DATA_LOSS "corrupt capsule (digest mismatch: header or payload bytes changed)"
 
-# 10. Signature: a trusted key's id, then Ed25519 over the signed message.
+# 10, first (1.1). Optional flag bit 3: header bytes 48..80 are the signer's raw public key, whose
+# SHA-256 is the key id. As a PEM file it is the fixed 12-byte DER prefix of an Ed25519
+# SubjectPublicKeyInfo (RFC 8410) followed by those 32 bytes.
+carried=""
+if [ $(($(le H 20 4) & 8)) -ne 0 ]; then
+  [ "$hs" -ge 80 ] || fail DATA_LOSS "corrupt header (signer key flag with a header of $hs bytes)"
+  [ "$sig_alg" -eq 1 ] || fail DATA_LOSS "corrupt capsule (signer key in the header of an unsigned capsule)"
+  dd if="$file" of="$work/key.raw" bs=32 iflag=skip_bytes skip=48 count=1 status=none
+  [ "$(sha256_hex "$work/key.raw")" = "$key_id" ] ||
+    fail DATA_LOSS "corrupt capsule (the header's signer key is not the trailer's key id)"
+  { printf '\x30\x2a\x30\x05\x06\x03\x2b\x65\x70\x03\x21\x00'; cat "$work/key.raw"; } > "$work/key.der"
+  openssl pkey -pubin -inform DER -in "$work/key.der" -out "$work/carried.pem" 2>/dev/null ||
+    fail UNAUTHENTICATED "the header's signer key is not an Ed25519 public key"
+  carried="$work/carried.pem"
+fi
+
+# 10. Signature: a trusted key's id, then Ed25519 over the signed message; without one, the key
+# the capsule carries (above) checks the signature but is not trusted.
 if [ "$sig_alg" -eq 0 ]; then
   [ "$allow_unsigned" -eq 1 ] || fail UNAUTHENTICATED "capsule is unsigned, so it cannot be verified"
   verdict="OK, unsigned"
@@ -162,15 +182,21 @@ else
       signer=$pub
     fi
   done
-  if [ -z "$signer" ]; then
-    [ "$allow_unsigned" -eq 1 ] || fail UNAUTHENTICATED "capsule is signed by untrusted key ${key_id:0:16}"
-    verdict="OK, signed by key $key_id (not checked)"
-  else
+  check=${signer:-$carried}
+  if [ -n "$check" ]; then
     dd if="$file" of="$work/sig.bin" bs=64 iflag=skip_bytes skip=$((t + 72)) count=1 status=none
-    openssl pkeyutl -verify -pubin -inkey "$signer" -rawin -in "$work/msg.bin" \
+    openssl pkeyutl -verify -pubin -inkey "$check" -rawin -in "$work/msg.bin" \
       -sigfile "$work/sig.bin" >/dev/null 2>&1 ||
       fail UNAUTHENTICATED "bad signature: capsule was not signed by key ${key_id:0:16} or was altered"
+  fi
+  if [ -n "$signer" ]; then
     verdict="OK, signed by key $key_id"
+  elif [ -n "$carried" ]; then
+    verdict="UNTRUSTED, valid signature by unknown key $key_id"
+    exit_status=3
+  else
+    verdict="UNTRUSTED, signed by key $key_id (format 1.0 carries no signer key; the signature needs --pubkey)"
+    exit_status=3
   fi
 fi
 
@@ -232,4 +258,4 @@ protoc --decode=capsule.v1.Capsule -I "$proto_root" "$proto_root/proto/capsule.p
   fail DATA_LOSS "corrupt payload (not a capsule.v1.Capsule message)"
 
 echo "$file: $verdict"
-exit 0
+exit "$exit_status"

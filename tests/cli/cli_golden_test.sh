@@ -37,6 +37,14 @@ run verify golden/valid/full.capsule --pubkey keys/test-only-other.pub
 run verify golden/does-not-exist.capsule --pubkey keys/test-only.pub
 run verify golden/valid/full.capsule
 run inspect golden/valid/full.capsule
+# Trust on first use: the key a 1.1 capsule carries, saved and then trusted; a 1.0 capsule has none.
+run verify golden/valid/minimal.capsule --save-signer "$work/signer.pub"
+cmp -s "$work/signer.pub" keys/test-only.pub && echo "saved signer key = keys/test-only.pub" >> "$transcript"
+run verify golden/valid/minimal.capsule --pubkey "$work/signer.pub"
+run verify golden/valid/minimal.capsule --save-signer "$work/signer.pub"
+run verify golden/frozen-v1.0/valid/minimal.capsule
+run verify golden/frozen-v1.0/valid/minimal.capsule --save-signer "$work/v10.pub"
+run inspect golden/frozen-v1.0/valid/minimal.capsule
 run frobnicate
 run report --help
 

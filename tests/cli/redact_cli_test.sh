@@ -22,7 +22,7 @@ grep -q "BEGIN\|PRIVATE" "$work/out" "$work/err" && bad redact "key material pri
 "$capsule" verify "$work/r.capsule" --pubkey "$keys/test-only-other.pub" --deep > /dev/null ||
   bad verify "redacted capsule does not verify with the re-signing key"
 "$capsule" verify "$work/r.capsule" --pubkey "$keys/test-only.pub" > /dev/null 2>&1
-[ $? -eq 1 ] || bad verify-source-key "redacted capsule verifies with the source's key"
+[ $? -eq 3 ] || bad verify-source-key "redacted capsule verifies with the source's key"
 "$capsule" inspect "$work/r.capsule" --pubkey "$keys/test-only-other.pub" > "$work/inspect" ||
   bad inspect "inspect failed"
 grep -q "^redacted: text tokens paths host$" "$work/inspect" || bad inspect "$(cat "$work/inspect")"
@@ -61,11 +61,11 @@ refuse loose-key 2 "readable" "$full" --drop host --key "$work/loose.key" -o "$w
   --pubkey "$keys/test-only.pub"
 refuse unknown-item 2 "unknown item" "$full" --drop host,weights --key "$work/other.key" \
   -o "$work/x.capsule" --pubkey "$keys/test-only.pub"
-refuse untrusted 1 "untrusted" "$full" --drop host --key "$work/other.key" -o "$work/x.capsule" \
+refuse untrusted 3 "untrusted" "$full" --drop host --key "$work/other.key" -o "$work/x.capsule" \
   --pubkey "$keys/test-only-other.pub"
 cp "$full" "$work/tampered.capsule"
 printf '\xff' | dd of="$work/tampered.capsule" bs=1 seek=100 conv=notrunc status=none
-refuse tampered 1 "corrupt" "$work/tampered.capsule" --drop host --key "$work/other.key" \
+refuse tampered 4 "corrupt" "$work/tampered.capsule" --drop host --key "$work/other.key" \
   -o "$work/x.capsule" --pubkey "$keys/test-only.pub"
 [ -e "$work/x.capsule" ] && bad refusals "an output was written despite a refusal"
 exit $fail

@@ -107,30 +107,31 @@ rc=$?
   bad clean "exit $rc, diagnosis $(field clean 'd["diagnosis"]'), fidelity $(field clean 'd["fidelity"]')"
 echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, exit 0"
 
-# Refusals: exit 2 and a message naming the cause.
-refuse() {  # refuse NAME PATTERN ARGS...
-  local name=$1 pattern=$2
-  shift 2
+# Refusals: the exit status every command gives for the cause (3 untrusted, 4 invalid, 2 cannot
+# re-run; cli/capsule.md, EXIT STATUS) and a message naming it.
+refuse() {  # refuse NAME RC PATTERN ARGS...
+  local name=$1 want=$2 pattern=$3
+  shift 3
   (cd "$work/elsewhere" && "$capsule" replay "$@" > /dev/null 2> "$work/$name.err")
   local rc=$?
-  if [ $rc -ne 2 ] || ! grep -q -- "$pattern" "$work/$name.err"; then
+  if [ $rc -ne "$want" ] || ! grep -q -- "$pattern" "$work/$name.err"; then
     bad "$name" "exit $rc, stderr: $(cat "$work/$name.err")"
   else
     echo "ok: refused $name: $(head -c 150 "$work/$name.err")"
   fi
 }
-refuse wrong-key "untrusted key" "$clean" --plugin "$plugin" --pubkey "$work/other.pub"
+refuse wrong-key 3 "untrusted key" "$clean" --plugin "$plugin" --pubkey "$work/other.pub"
 (cd "$work" && "$trainer" train --quiet --steps 4 --capture-at-step 2 --capsule-dir "$work/unsigned" \
   > /dev/null 2>&1)
-refuse unsigned "unsigned" "$(ls "$work"/unsigned/*.capsule)" --plugin "$plugin" --pubkey "$work/k.pub"
+refuse unsigned 3 "unsigned" "$(ls "$work"/unsigned/*.capsule)" --plugin "$plugin" --pubkey "$work/k.pub"
 cp "$clean" "$work/tampered.capsule"
 printf '\xff' | dd of="$work/tampered.capsule" bs=1 seek=200 conv=notrunc status=none
-refuse tampered "corrupt" "$work/tampered.capsule" --plugin "$plugin" --pubkey "$work/k.pub"
+refuse tampered 4 "corrupt" "$work/tampered.capsule" --plugin "$plugin" --pubkey "$work/k.pub"
 other_model=$(cd "$work" && "$trainer" train --quiet --steps 4 --seed 7 --capture-at-step 2 \
   --capsule-dir "$work/seed7" --key "$work/k.key" > /dev/null 2>&1; ls "$work"/seed7/*.capsule)
-refuse other-weights "another model's weights; --force to replay anyway" "$clean" --plugin "$plugin" --pubkey "$work/k.pub" \
+refuse other-weights 2 "another model's weights; --force to replay anyway" "$clean" --plugin "$plugin" --pubkey "$work/k.pub" \
   --weights "$other_model"
-refuse plugin-missing "does not exist" "$clean" --plugin "$work/nope.so" --pubkey "$work/k.pub"
-refuse not-registered "not registered; registered: none; load the model's plugin with --plugin" \
+refuse plugin-missing 2 "does not exist" "$clean" --plugin "$work/nope.so" --pubkey "$work/k.pub"
+refuse not-registered 2 "not registered; registered: none; load the model's plugin with --plugin" \
   "$clean" --pubkey "$work/k.pub"
 exit $fail

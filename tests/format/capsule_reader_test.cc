@@ -89,7 +89,7 @@ TEST_F(ReaderRulesTest, MagicButShorterThanHeaderIsTruncated) {
 
 TEST_F(ReaderRulesTest, NewerMajorVersion) {
   EXPECT_TRUE(HasError(Decode(SetMajor(signed_, 2)), StatusCode::kUnimplemented,
-                       "format 2.0 is newer than this reader (reads up to 1.x); upgrade capsule"));
+                       "format 2.1 is newer than this reader (reads up to 1.x); upgrade capsule"));
   EXPECT_TRUE(HasError(Decode(SetMajor(signed_, 0xffff)), StatusCode::kUnimplemented,
                        "newer than this reader"));
 }
@@ -107,7 +107,7 @@ TEST_F(ReaderRulesTest, MajorChangedInPlaceSaysTheFileMayBeDamaged) {
   std::string bytes = signed_;
   StoreLe16(&bytes[kOffMajor], 2);
   EXPECT_TRUE(HasError(Decode(bytes), StatusCode::kUnimplemented,
-                       "format 2.0 is newer than this reader (reads up to 1.x); upgrade capsule; "
+                       "format 2.1 is newer than this reader (reads up to 1.x); upgrade capsule; "
                        "if no newer capsule wrote it, the file is damaged or was altered"));
 }
 
@@ -351,22 +351,95 @@ TEST_F(ReaderRulesTest, VerifiedWithTrustedKey) {
   EXPECT_EQ(d->envelope.file_size, signed_.size());
 }
 
+// signed_ as a 1.0 writer seals it: the same payload, no signer key in the header.
+std::string AsFormat10(std::string_view bytes, const PrivateKey& key) {
+  StatusOr<OpenedEnvelope> env = OpenEnvelope(bytes, [] {
+    OpenOptions o;
+    o.allow_untrusted = true;
+    return o;
+  }());
+  SealOptions seal;
+  seal.signing_key = &key;
+  seal.embed_signer_key = false;
+  return OrDie(SealEnvelope(OrDie(std::move(env)).payload, LoadLe64(&bytes[32]), seal));
+}
+
 TEST_F(ReaderRulesTest, UntrustedKeyIsRefused) {
   const std::string resigned = ResignWith(signed_, other_key_);
   EXPECT_TRUE(HasError(Decode(resigned), StatusCode::kUnauthenticated,
                        "capsule is signed by untrusted key " + other_pub_.KeyIdHex().substr(0, 16) +
-                           "; pass the signer's public key with --pubkey"));
+                           " (the signature is valid); to trust it, check its key id " +
+                           other_pub_.KeyIdHex() +
+                           " with the signer, then pass their public key with --pubkey"));
   EXPECT_TRUE(HasError(DecodeCapsule(signed_, ReadOptions()), StatusCode::kUnauthenticated,
                        "untrusted key"));
+  // 1.0 carries no key, so nothing is said about the signature.
+  const Status v10 = Decode(AsFormat10(signed_, other_key_)).status();
+  EXPECT_TRUE(HasError(v10, StatusCode::kUnauthenticated,
+                       "capsule is signed by untrusted key " + other_pub_.KeyIdHex().substr(0, 16) +
+                           "; to trust it"));
+  EXPECT_EQ(v10.message().find("valid"), std::string::npos) << v10;
 }
 
-TEST_F(ReaderRulesTest, UntrustedKeyIsAcceptedUncheckedWhenAllowed) {
+TEST_F(ReaderRulesTest, UnknownSignerIsCheckedWithTheKeyTheCapsuleCarries) {
   ReadOptions o = Strict();
   o.allow_untrusted = true;
-  StatusOr<DecodedCapsule> d = DecodeCapsule(ResignWith(signed_, other_key_), o);
+  const std::string resigned = ResignWith(signed_, other_key_);
+  StatusOr<DecodedCapsule> d = DecodeCapsule(resigned, o);
   ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->envelope.signature, SignatureState::kValidUnknownSigner);
+  EXPECT_STREQ(SignatureStateName(d->envelope.signature), "valid, unknown signer");
+  EXPECT_EQ(d->envelope.signer_key, other_pub_.raw());
+  // A bad signature is refused, trusted key or not: allowing unknown signers is not "unchecked".
+  const Layout l = ParseLayout(resigned);
+  EXPECT_TRUE(HasError(DecodeCapsule(FlipByte(resigned, l.signature_at() + 9, 0x10), o),
+                       StatusCode::kUnauthenticated,
+                       "bad signature: capsule was not signed by key " +
+                           other_pub_.KeyIdHex().substr(0, 16) + " or was altered"));
+  EXPECT_TRUE(HasError(DecodeCapsule(FlipByte(resigned, l.signature_at() + 9, 0x10), Strict()),
+                       StatusCode::kUnauthenticated, "bad signature"));
+}
+
+TEST_F(ReaderRulesTest, SignerKeyMustBeTheKeyTheTrailerNames) {
+  // The digest is resealed over the edit, so only the key-id rule can catch it.
+  const std::string swapped = EditHeader(signed_, [&](char* h) {
+    std::memcpy(h + kOffSignerKey, other_pub_.raw().data(), kEd25519KeySize);
+  });
+  EXPECT_TRUE(HasError(Decode(swapped), StatusCode::kDataLoss,
+                       "corrupt capsule (the header's signer key is not the trailer's key id)"));
+  // The flag on an unsigned capsule, and on a header with no room for the key.
+  EXPECT_TRUE(HasError(
+      DecodeCapsule(SetHeader32(unsigned_, kOffOptionalFlags, kOptionalFlagSignerKey),
+                    AllowUnsigned()),
+      StatusCode::kDataLoss, "corrupt header (signer key flag with a header of 48 bytes)"));
+  RawHeader h;
+  h.header_size = 80;
+  h.optional_flags = kOptionalFlagSignerKey;
+  h.signer_key = pub_.raw();
+  EXPECT_TRUE(HasError(DecodeCapsule(BuildEnvelope(h, "x", nullptr), AllowUnsigned()),
+                       StatusCode::kDataLoss,
+                       "corrupt capsule (signer key in the header of an unsigned capsule)"));
+}
+
+TEST_F(ReaderRulesTest, Format10SignerOutsideTheTrustedKeysIsNotChecked) {
+  ReadOptions o = Strict();
+  o.allow_untrusted = true;
+  StatusOr<DecodedCapsule> d = DecodeCapsule(AsFormat10(signed_, other_key_), o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->envelope.header.minor, 0);
+  EXPECT_EQ(d->envelope.header.header_size, 48u);
   EXPECT_EQ(d->envelope.signature, SignatureState::kNotChecked);
+  EXPECT_TRUE(d->envelope.signer_key.empty());
   EXPECT_EQ(d->envelope.key_id, other_pub_.KeyId());
+  // Given the key, a 1.0 capsule verifies as before.
+  o.trusted_keys.push_back(other_pub_);
+  EXPECT_EQ(OrDie(DecodeCapsule(AsFormat10(signed_, other_key_), o)).envelope.signature,
+            SignatureState::kVerified);
+}
+
+TEST_F(ReaderRulesTest, TrustedSignerIsCheckedWhenUnknownSignersAreAllowed) {
+  ReadOptions o = Strict();
+  o.allow_untrusted = true;
   // A trusted signer is still checked when untrusted ones are allowed.
   const Layout l = ParseLayout(signed_);
   EXPECT_TRUE(HasError(DecodeCapsule(FlipByte(signed_, l.signature_at() + 9, 0x10), o),
@@ -389,7 +462,17 @@ TEST_F(ReaderRulesTest, SignatureByAnotherKeyUnderATrustedKeyId) {
   const Layout l = ParseLayout(signed_);
   std::string forged = ResignWith(signed_, other_key_);
   forged.replace(l.key_id_at(), 32, pub_.KeyId());
-  EXPECT_TRUE(HasError(Decode(forged), StatusCode::kUnauthenticated, "bad signature"));
+  // The header still names the impostor's key: the two names disagree.
+  EXPECT_TRUE(HasError(Decode(forged), StatusCode::kDataLoss,
+                       "the header's signer key is not the trailer's key id"));
+  // Named consistently (the trusted key in the header too, digest resealed), the signature fails.
+  std::string header = signed_.substr(0, l.header_size);
+  const std::string payload = signed_.substr(l.header_size, l.payload_size);
+  std::string impostor = ResignWith(signed_, other_key_);
+  impostor.replace(l.key_id_at(), 32, pub_.KeyId());
+  impostor.replace(0, l.header_size, header);
+  impostor.replace(l.digest_at(), 32, Sha256(ExpectedSignedMessage(header, payload)));
+  EXPECT_TRUE(HasError(Decode(impostor), StatusCode::kUnauthenticated, "bad signature"));
 }
 
 TEST_F(ReaderRulesTest, SignatureIsOverTheSignedMessage) {

@@ -73,10 +73,14 @@ TEST_F(RoundTripTest, OptionalFlagsReachTheHeader) {
   w.optional_flags = kOptionalFlagRedacted | kOptionalFlagExtract;
   StatusOr<std::string> bytes = EncodeCapsule(MakeMinimalCapsule(), w);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
-  EXPECT_EQ(LoadLe32(&(*bytes)[kOffOptionalFlags]), w.optional_flags);
+  // A signed capsule also says that its header carries the signer key.
+  EXPECT_EQ(LoadLe32(&(*bytes)[kOffOptionalFlags]), w.optional_flags | kOptionalFlagSignerKey);
   StatusOr<DecodedCapsule> d = Decode(*bytes);
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->envelope.header.optional_flags, w.optional_flags);
+  EXPECT_EQ(d->envelope.header.optional_flags, w.optional_flags | kOptionalFlagSignerKey);
+  w.signing_key = nullptr;
+  EXPECT_EQ(LoadLe32(&OrDie(EncodeCapsule(MakeMinimalCapsule(), w))[kOffOptionalFlags]),
+            w.optional_flags);
 }
 
 TEST_F(RoundTripTest, EncodingIsDeterministic) {
@@ -148,16 +152,17 @@ TEST_F(RoundTripTest, BytesFollowTheEnvelopeLayout) {
   ASSERT_GE(bytes.size(), kMinCapsuleSize);
   EXPECT_EQ(bytes.substr(0, 8), std::string("\211CPS\r\n\032\n", 8));
   EXPECT_EQ(LoadLe16(&bytes[8]), 1);     // major
-  EXPECT_EQ(LoadLe16(&bytes[10]), 0);    // minor
-  EXPECT_EQ(LoadLe32(&bytes[12]), 48u);  // header size
+  EXPECT_EQ(LoadLe16(&bytes[10]), 1);    // minor: 1.1, with the signer key
+  EXPECT_EQ(LoadLe32(&bytes[12]), 80u);  // header size
   EXPECT_EQ(LoadLe32(&bytes[16]), 0u);   // required flags
-  EXPECT_EQ(LoadLe32(&bytes[20]), 0u);   // optional flags
+  EXPECT_EQ(LoadLe32(&bytes[20]), 8u);   // optional flags: SIGNER_KEY
   const uint64_t payload_size = LoadLe64(&bytes[24]);
   EXPECT_EQ(LoadLe64(&bytes[32]), serialized.size());
-  EXPECT_EQ(LoadLe32(&bytes[40]), 1u);  // zstd
-  EXPECT_EQ(LoadLe32(&bytes[44]), 0u);  // reserved
+  EXPECT_EQ(LoadLe32(&bytes[40]), 1u);          // zstd
+  EXPECT_EQ(LoadLe32(&bytes[44]), 0u);          // reserved
+  EXPECT_EQ(bytes.substr(48, 32), pub_.raw());  // the signer's raw public key
 
-  const std::string payload = bytes.substr(48, payload_size);
+  const std::string payload = bytes.substr(80, payload_size);
   // The payload is a plain zstd frame that `zstd -d` can read.
   std::string raw(serialized.size(), '\0');
   const size_t n = ZSTD_decompress(raw.data(), raw.size(), payload.data(), payload.size());
@@ -165,12 +170,12 @@ TEST_F(RoundTripTest, BytesFollowTheEnvelopeLayout) {
   EXPECT_EQ(raw, serialized);
   EXPECT_EQ(ZSTD_getFrameContentSize(payload.data(), payload.size()), serialized.size());
 
-  const size_t t = 48 + payload_size;
+  const size_t t = 80 + payload_size;
   EXPECT_EQ(LoadLe16(&bytes[t]), 1);       // Ed25519
   EXPECT_EQ(LoadLe16(&bytes[t + 2]), 64);  // signature size
   EXPECT_EQ(LoadLe32(&bytes[t + 4]), 0u);  // reserved
   EXPECT_EQ(bytes.substr(t + 8, 32), pub_.KeyId());
-  const std::string message = ExpectedSignedMessage(bytes.substr(0, 48), payload);
+  const std::string message = ExpectedSignedMessage(bytes.substr(0, 80), payload);
   EXPECT_EQ(bytes.substr(t + 40, 32), Sha256(message));
   EXPECT_TRUE(Verify(pub_, message, bytes.substr(t + 72, 64)).ok());
   EXPECT_EQ(LoadLe32(&bytes[t + 136]), 84u + 64u);
@@ -199,23 +204,35 @@ TEST_F(RoundTripTest, SealEnvelopeAndOpenEnvelope) {
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->payload, "payload bytes");
   EXPECT_EQ(env->info.header.uncompressed_size, 1234u);
-  EXPECT_EQ(env->info.header.optional_flags, kOptionalFlagHasWeights);
+  EXPECT_EQ(env->info.header.optional_flags, kOptionalFlagHasWeights | kOptionalFlagSignerKey);
   EXPECT_EQ(env->info.signature, SignatureState::kVerified);
-  // The hand-built envelope and SealEnvelope agree byte for byte.
+  EXPECT_EQ(env->info.signer_key, pub_.raw());
+  // The hand-built envelope and SealEnvelope agree byte for byte: 1.1 with the key, and 1.0
+  // without it.
   RawHeader h;
-  h.optional_flags = kOptionalFlagHasWeights;
+  h.minor = 1;
+  h.header_size = 80;
+  h.optional_flags = kOptionalFlagHasWeights | kOptionalFlagSignerKey;
   h.uncompressed_size = 1234;
+  h.signer_key = pub_.raw();
   EXPECT_EQ(*file, BuildEnvelope(h, "payload bytes", &key_));
+  seal.embed_signer_key = false;
+  RawHeader v10;
+  v10.optional_flags = kOptionalFlagHasWeights;
+  v10.uncompressed_size = 1234;
+  EXPECT_EQ(OrDie(SealEnvelope("payload bytes", 1234, seal)),
+            BuildEnvelope(v10, "payload bytes", &key_));
 }
 
 TEST_F(RoundTripTest, SealEnvelopeInPlaceMatchesSealEnvelope) {
   SealOptions seal;
   seal.signing_key = &key_;
-  std::string buffer(kHeaderSizeV1, '?');
+  ASSERT_EQ(SealedHeaderSize(seal), kHeaderSizeV1SignerKey);
+  std::string buffer(kHeaderSizeV1SignerKey, '?');
   buffer += "payload bytes";
   ASSERT_TRUE(SealEnvelopeInPlace(&buffer, 99, seal).ok());
   EXPECT_EQ(buffer, OrDie(SealEnvelope("payload bytes", 99, seal)));
-  std::string too_small(kHeaderSizeV1 - 1, '\0');
+  std::string too_small(kHeaderSizeV1SignerKey - 1, '\0');
   EXPECT_TRUE(HasError(SealEnvelopeInPlace(&too_small, 0, seal), StatusCode::kInternal,
                        "no room for the header"));
 }

@@ -372,6 +372,7 @@ std::string BuildEnvelope(const RawHeader& h, std::string_view payload, const Pr
   StoreLe64(&header[32], h.uncompressed_size);
   StoreLe32(&header[40], h.codec);
   StoreLe32(&header[44], h.reserved);
+  if (!h.signer_key.empty()) header.replace(48, h.signer_key.size(), h.signer_key);
   if (h.header_size < 48) header.resize(48);
   std::string out = header;
   out.append(payload);
@@ -381,11 +382,14 @@ std::string BuildEnvelope(const RawHeader& h, std::string_view payload, const Pr
 
 std::string Reseal(std::string_view bytes, const PrivateKey* key) {
   const Layout l = ParseLayout(bytes);
-  const std::string_view header = bytes.substr(0, l.header_size);
+  std::string header(bytes.substr(0, l.header_size));
+  // A 1.1 header names its signer too (FORMAT.md §2, bit 3): a new signer replaces the key there.
+  if (key != nullptr && header.size() >= 80 && (LoadLe32(&header[20]) & 8u) != 0) {
+    const std::string raw = OrDie(key->GetPublicKey()).raw();
+    std::memcpy(&header[48], raw.data(), raw.size());
+  }
   const std::string_view payload = bytes.substr(l.header_size, l.payload_size);
-  std::string out(bytes.substr(0, l.trailer_at));
-  out += Trailer(header, payload, key);
-  return out;
+  return header + std::string(payload) + Trailer(header, payload, key);
 }
 
 std::string Incompressible(size_t n) {

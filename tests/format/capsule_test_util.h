@@ -91,6 +91,7 @@ struct RawHeader {
   uint64_t uncompressed_size = 0;
   uint32_t codec = 1;
   uint32_t reserved = 0;
+  std::string signer_key;  // written at offset 48 when set (1.1; the caller sets the size, flag)
 };
 
 // Header ‖ payload ‖ a trailer with a correct digest; signed with `key` when it is not null.

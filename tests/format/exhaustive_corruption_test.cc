@@ -34,8 +34,11 @@ class ExhaustiveTest : public CapsuleBytesTest {
     if (offset < l.trailer_at + 4) return {};  // algorithm and signature size
     if (offset < l.trailer_at + 8) return {StatusCode::kDataLoss, "reserved field is not zero"};
     if (offset < l.digest_at()) {
-      return is_signed ? Expectation{StatusCode::kUnauthenticated, "untrusted key"}
-                       : Expectation{StatusCode::kDataLoss, "unsigned capsule with a key id"};
+      // A signed capsule names its signer twice: the key in the (digested) header, whose SHA-256
+      // the trailer's key id must be.
+      return is_signed
+                 ? Expectation{StatusCode::kDataLoss, "signer key is not the trailer's key id"}
+                 : Expectation{StatusCode::kDataLoss, "unsigned capsule with a key id"};
     }
     if (offset < l.signature_at()) return {StatusCode::kDataLoss, "digest mismatch"};
     if (offset < l.trailer_size_at()) return {StatusCode::kUnauthenticated, "bad signature"};

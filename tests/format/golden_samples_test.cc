@@ -38,6 +38,9 @@ struct Corpus {
 constexpr Corpus kCurrent = {"Current", "golden", "keys/test-only.pub"};
 constexpr Corpus kFrozenV1_0 = {"FrozenV1_0", "golden/frozen-v1.0",
                                 "golden/frozen-v1.0/test-only.pub"};
+// Format 1.1: signed capsules carry their signer's public key in the header.
+constexpr Corpus kFrozenV1_1 = {"FrozenV1_1", "golden/frozen-v1.1",
+                                "golden/frozen-v1.1/test-only.pub"};
 
 std::string SamplesPath(const std::string& relative) {
   return std::string(CAPSULE_SOURCE_DIR) + "/samples/" + relative;
@@ -68,7 +71,9 @@ std::vector<GoldenCase> LoadExpected(const Corpus& corpus) {
 
 std::vector<GoldenCase> AllCases() {
   std::vector<GoldenCase> cases = LoadExpected(kCurrent);
-  for (GoldenCase& c : LoadExpected(kFrozenV1_0)) cases.push_back(std::move(c));
+  for (const Corpus& frozen : {kFrozenV1_0, kFrozenV1_1}) {
+    for (GoldenCase& c : LoadExpected(frozen)) cases.push_back(std::move(c));
+  }
   return cases;
 }
 
@@ -115,24 +120,49 @@ void ExpectEveryKind(const Corpus& corpus) {
 TEST(GoldenSamples, ExpectedListsEveryKind) { ExpectEveryKind(kCurrent); }
 
 TEST(FrozenV1_0, ExpectedListsEveryKind) { ExpectEveryKind(kFrozenV1_0); }
+TEST(FrozenV1_1, ExpectedListsEveryKind) { ExpectEveryKind(kFrozenV1_1); }
 
-// The frozen files are the bytes the 0.1.0 writer wrote: SHA256SUMS pins each of them, and every
+// The frozen files are the bytes their writer wrote: SHA256SUMS pins each of them, and every
 // file EXPECTED names is pinned.
-TEST(FrozenV1_0, FilesAreTheBytesFirstWritten) {
-  std::ifstream in(SamplesPath(std::string(kFrozenV1_0.dir) + "/SHA256SUMS"));
+void ExpectFilesAreTheBytesFirstWritten(const Corpus& corpus) {
+  std::ifstream in(SamplesPath(std::string(corpus.dir) + "/SHA256SUMS"));
   ASSERT_TRUE(in) << "missing SHA256SUMS";
   std::set<std::string> pinned;
   std::string digest, file;
   while (in >> digest >> file) {
-    auto bytes = ReadFileBytes(SamplesPath(std::string(kFrozenV1_0.dir) + "/" + file), 1 << 20);
+    auto bytes = ReadFileBytes(SamplesPath(std::string(corpus.dir) + "/" + file), 1 << 20);
     ASSERT_TRUE(bytes.ok()) << file << ": " << bytes.status();
     EXPECT_EQ(Sha256Hex(*bytes), digest) << file << " changed; frozen files are never rewritten";
     pinned.insert(file);
   }
-  for (const GoldenCase& c : LoadExpected(kFrozenV1_0)) {
+  for (const GoldenCase& c : LoadExpected(corpus)) {
     EXPECT_TRUE(pinned.count(c.file)) << c.file << " is not in SHA256SUMS";
   }
   EXPECT_TRUE(pinned.count("test-only.pub"));
+}
+
+TEST(FrozenV1_0, FilesAreTheBytesFirstWritten) { ExpectFilesAreTheBytesFirstWritten(kFrozenV1_0); }
+TEST(FrozenV1_1, FilesAreTheBytesFirstWritten) { ExpectFilesAreTheBytesFirstWritten(kFrozenV1_1); }
+
+void ExpectFrozenMinimal(const v1::Capsule& c);
+
+// A 1.1 capsule names its signer with the key itself, so it reads as "valid, unknown signer"
+// without the key, and verified with it.
+TEST(FrozenV1_1, MinimalCarriesItsSignerKey) {
+  auto pub = LoadPublicKeyFile(SamplesPath(kFrozenV1_1.pubkey));
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  ReadOptions loose;
+  loose.allow_untrusted = true;
+  auto unknown = ReadCapsuleFile(SamplesPath("golden/frozen-v1.1/valid/minimal.capsule"), loose);
+  ASSERT_TRUE(unknown.ok()) << unknown.status();
+  EXPECT_EQ(unknown->envelope.header.minor, 1);
+  EXPECT_EQ(unknown->envelope.header.header_size, 80u);
+  EXPECT_EQ(unknown->envelope.signer_key, pub->raw());
+  EXPECT_EQ(unknown->envelope.signature, SignatureState::kValidUnknownSigner);
+  auto trusted = ReadSample(kFrozenV1_1, "valid/minimal.capsule", ReadOptions());
+  ASSERT_TRUE(trusted.ok()) << trusted.status();
+  EXPECT_EQ(trusted->envelope.signature, SignatureState::kVerified);
+  ExpectFrozenMinimal(*trusted->capsule);
 }
 
 void ExpectFrozenMinimal(const v1::Capsule& c) {

@@ -211,7 +211,8 @@ TEST_F(RedactTest, VerifiesWithTheRedactingKeyAndRecordsWhatWasDropped) {
   const std::string out = Redact(source_bytes_, "tokens,host");
   ReadOptions by_source;
   by_source.trusted_keys.push_back(OrDie(source_key_.GetPublicKey()));
-  EXPECT_TRUE(HasError(DecodeCapsule(out, by_source), StatusCode::kUnauthenticated, "untrusted"));
+  EXPECT_TRUE(
+      HasError(DecodeCapsule(out, by_source), StatusCode::kUnauthenticated, "untrusted key"));
 
   ReadOptions ro;
   ro.trusted_keys.push_back(OrDie(redact_key_.GetPublicKey()));

@@ -65,7 +65,22 @@ void Check(std::string_view bytes, const OpenOptions& options) {
       break;
     case SignatureState::kNotChecked:
       if (!options.allow_untrusted) Fail("accepted an untrusted signer", Status());
+      if (!info.signer_key.empty()) Fail("did not check the signer key it carries", Status());
       break;
+    case SignatureState::kValidUnknownSigner: {
+      if (!options.allow_untrusted) Fail("accepted an untrusted signer", Status());
+      // The carried key names the signer and checks the signature, as a trusted one would.
+      StatusOr<PublicKey> carried = PublicKey::FromRaw(info.signer_key);
+      if (!carried.ok() || carried->KeyId() != info.key_id ||
+          (h.optional_flags & kOptionalFlagSignerKey) == 0 ||
+          !Verify(*carried, SignedMessage(bytes.substr(0, h.header_size), e->payload),
+                  bytes.substr(bytes.size() - kTrailerTailSize - kEd25519SignatureSize,
+                               kEd25519SignatureSize))
+               .ok()) {
+        Fail("accepted a carried signer key that does not check", Status());
+      }
+      break;
+    }
     case SignatureState::kVerified: {
       bool trusted = false;
       for (const PublicKey& k : options.trusted_keys) trusted = trusted || k.KeyId() == info.key_id;

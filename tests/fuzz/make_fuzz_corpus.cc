@@ -246,7 +246,8 @@ int Main(const std::string& dir) {
                     "0.1.0\x0f",
                     8));
 
-  const size_t payload_mid = kHeaderSizeV1 + LoadLe64(&signed_small[kOffPayloadSize]) / 2;
+  const size_t payload_mid = internal::LoadLe32(&signed_small[kOffHeaderSize]) +
+                             LoadLe64(&signed_small[kOffPayloadSize]) / 2;
   Write(dir, "bad-truncated.capsule", signed_small.substr(0, payload_mid));
   Write(dir, "bad-magic.capsule", Flip(signed_small, 1));
   SealOptions newer;
@@ -260,6 +261,26 @@ int Main(const std::string& dir) {
   Write(dir, "bad-untrusted.capsule", Encode(Minimal(), &other));
   Write(dir, "bad-signature.capsule", Flip(signed_small, signed_small.size() - 20 - 12));
   Write(dir, "bad-trailing.capsule", signed_small + "tail");
+  // Format 1.1 names the signer in the header too; a 1.0 writer did not.
+  {
+    const size_t hs = internal::LoadLe32(&signed_small[kOffHeaderSize]);
+    const std::string_view payload =
+        std::string_view(signed_small).substr(hs, LoadLe64(&signed_small[kOffPayloadSize]));
+    const uint64_t raw = LoadLe64(&signed_small[kOffUncompressedSize]);
+    SealOptions v10;
+    v10.signing_key = &key;
+    v10.embed_signer_key = false;
+    Write(dir, "ok-signed-v10-small.capsule", Must(SealEnvelope(payload, raw, v10)));
+    // The other key in the header, the fuzz key's id in the trailer, digest and signature valid.
+    std::string header = signed_small.substr(0, hs);
+    header.replace(kOffSignerKey, kEd25519KeySize, Must(other.GetPublicKey()).raw());
+    std::string swapped = header + std::string(payload);
+    const std::string message = SignedMessage(header, payload);
+    std::string trailer = signed_small.substr(hs + payload.size());
+    trailer.replace(8 + kSha256Size, kSha256Size, Sha256(message));
+    trailer.replace(8 + 2 * kSha256Size, kEd25519SignatureSize, Must(Sign(key, message)));
+    Write(dir, "bad-signer-key-mismatch.capsule", swapped + trailer);
+  }
 
   const std::string serialized = Serialize(Small());
   std::string frame = Must(internal::ZstdCompress(serialized, internal::CompressOptions()));

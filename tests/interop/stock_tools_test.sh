@@ -56,13 +56,13 @@ min="$src/samples/golden/valid/minimal.capsule"
 size=$(stat -c %s "$min")
 t=$(( $(od -An -t u4 --endian=little -j 12 -N 4 "$min") + $(od -An -t u8 --endian=little -j 24 -N 8 "$min") ))
 for ((i = 0; i < size; i++)); do
-  if [ "$i" -lt 48 ] || { [ "$i" -ge "$t" ] && [ "$i" -lt $((t + 8)) ]; } ||
+  if [ "$i" -lt 80 ] || { [ "$i" -ge "$t" ] && [ "$i" -lt $((t + 8)) ]; } ||
      [ "$i" -ge $((size - 12)) ] || [ $((i % 4)) -eq 0 ]; then
     flip "$min" "$i" 1 "$work/flip.capsule"
     agree "$work/flip.capsule" "$keys/test-only.pub"
   fi
 done
-for n in 0 1 7 8 20 47 48 60 114 115 130 199 250 254 255 262; do
+for n in 0 1 7 8 20 47 48 60 79 80 114 146 147 162 199 250 286 287 294; do
   head -c "$n" "$min" > "$work/cut.capsule"
   agree "$work/cut.capsule" "$keys/test-only.pub"
 done
@@ -77,6 +77,19 @@ flip "$min" "$t" 3 "$work/alg.capsule"  # sig_alg 1 -> 2
 agree "$work/alg.capsule" "$keys/test-only.pub"
 agree "$min" "$keys/test-only-other.pub"
 agree "$min" "$keys/test-only-other.pub" "$keys/test-only.pub"
+# No key given: 1.1 carries the signer's key, so both check the signature and trust nobody.
+agree "$min"
+agree "$src/samples/golden/valid/full.capsule"
+flip "$min" $((t + 72 + 9)) 16 "$work/badsig.capsule"
+agree "$work/badsig.capsule"
+# Format 1.0 capsules carry no key: the signature is checked only with --pubkey.
+frozen="$src/samples/golden/frozen-v1.0"
+for f in "$frozen"/valid/*.capsule "$frozen"/invalid/*.capsule; do
+  agree "$f"
+  agree "$f" "$frozen/test-only.pub"
+  agree "$f" "$keys/test-only-other.pub"
+done
+echo "ok: no key, another key, and format 1.0: the same verdict from both"
 
 # 4. Files that are not capsules.
 : > "$work/empty.capsule"
@@ -101,10 +114,12 @@ for f in "$work"/golden/valid/*.capsule "$work"/golden/invalid/*.capsule; do
 done
 bash "$stock" "$work/golden/valid/full.capsule" --pubkey "$work/keys/test-only.pub" --proto "$src" \
   > /dev/null 2>&1 || { echo "FAIL: stock tools refused a capsule signed with an openssl-made key"; fail=1; }
+agree "$work/golden/valid/full.capsule"
 echo "ok: capsules signed with openssl-made keys: the same verdict from both"
 
 # The comparison proves something only if the verdicts differ among themselves.
-for want in "OK, signed by key" "FAILED (DATA_LOSS)" "FAILED (OUT_OF_RANGE)" "FAILED (UNAUTHENTICATED)" \
+for want in "OK, signed by key" "UNTRUSTED, valid signature by unknown key" \
+            "UNTRUSTED, signed by key" "FAILED (DATA_LOSS)" "FAILED (OUT_OF_RANGE)" "FAILED (UNAUTHENTICATED)" \
             "FAILED (INVALID_ARGUMENT)" "FAILED (UNIMPLEMENTED)" "FAILED (RESOURCE_EXHAUSTED)" \
             "FAILED (NOT_FOUND)"; do
   found=0
