@@ -9,12 +9,19 @@
 #ifdef CAPSULE_WITH_TORCH
 #include "capsule/replay/model_registry.h"
 #endif
+#ifdef CAPSULE_CLI_FRONT
+#include "capsule/cli/torch_forward.h"
+#endif
 
 namespace capsule::cli {
 namespace {
 
 // `registry` is null in a build without LibTorch (no replay subcommand).
 int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
+#ifdef CAPSULE_CLI_FRONT
+  // The LibTorch-free `capsule` hands the commands that run a model to capsule-torch.
+  if (argc > 1 && NeedsTorch(argv[1])) return ForwardToTorchCli(argc, argv);
+#endif
   CLI::App app{"capsule: failure capsules for ML training — record, verify, inspect, replay"};
   app.name("capsule");  // usage lines say "capsule report", whatever path ran it
   app.set_version_flag("--version", std::string("capsule ") + CapsuleVersion());
@@ -33,6 +40,11 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   SetupExtractCommand(app, &run, registry);
 #else
   (void)registry;
+#endif
+#ifdef CAPSULE_CLI_FRONT
+  // Listed for --help only: RunCommandLine forwarded them above.
+  app.add_subcommand("replay", kReplayDescription);
+  app.add_subcommand("extract", kExtractDescription);
 #endif
   // A repeatable option's default is "no value", not "[]".
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {

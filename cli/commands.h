@@ -92,6 +92,14 @@ struct DiffCliOptions {
 void SetupDiffCommand(CLI::App& app, RunFn* run);
 int RunDiffCommand(const DiffCliOptions& options);
 
+// The one-line descriptions of the commands that need LibTorch, shared by the commands and by the
+// LibTorch-free `capsule`, which lists them and hands them to capsule-torch (torch_forward.h).
+inline constexpr const char kReplayDescription[] =
+    "Re-run a capsule: does the failure reproduce, and where do the paths diverge?";
+inline constexpr const char kExtractDescription[] =
+    "Write a minimal capsule holding one layer, its weights and its recorded inputs; "
+    "`capsule replay` of it runs only that layer (the model's plugin still builds it)";
+
 #ifdef CAPSULE_WITH_TORCH
 struct ReplayCliOptions {
   std::string file;

@@ -18,10 +18,7 @@ namespace capsule::cli {
 
 void SetupExtractCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   auto options = std::make_shared<ExtractCliOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "extract",
-      "Write a minimal capsule holding one layer, its weights and its recorded inputs; "
-      "`capsule replay` of it runs only that layer (the model's plugin still builds it)");
+  CLI::App* cmd = app.add_subcommand("extract", kExtractDescription);
   cmd->add_option("file", options->file, "Capsule file (with all weights embedded)")->required();
   cmd->add_option("--layer", options->layer, "Layer to extract, e.g. blocks.6")->required();
   cmd->add_option("--key", options->key, "Private key (PEM, mode 0600) to sign the extract with")

@@ -94,8 +94,7 @@ bool ParseLayerTol(const std::string& s, std::string* name, Tolerance* tol) {
 
 void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   auto options = std::make_shared<ReplayCliOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "replay", "Re-run a capsule: does the failure reproduce, and where do the paths diverge?");
+  CLI::App* cmd = app.add_subcommand("replay", kReplayDescription);
   cmd->add_option("file", options->file, "Capsule file")->required();
   cmd->add_option("--plugin", options->plugins,
                   "Shared library registering the capsule's model; repeatable")
