@@ -36,6 +36,14 @@ done
 "$prefix/bin/capsule" --version
 [ -f "$prefix/share/doc/capsule/capsule.md" ] ||
   { echo "ci-install: the manual is not installed" >&2; fail=1; }
+grep -q '^\.TH capsule 1 ' "$prefix/share/man/man1/capsule.1" ||
+  { echo "ci-install: the man page capsule(1) is not installed" >&2; fail=1; }
+# The format commands run without LibTorch; replay and extract are handed to capsule-torch.
+[ -x "$prefix/libexec/capsule/capsule-torch" ] ||
+  { echo "ci-install: libexec/capsule/capsule-torch is not installed" >&2; fail=1; }
+if ldd "$prefix/bin/capsule" | grep -q libtorch; then
+  echo "ci-install: the installed capsule links LibTorch" >&2; fail=1
+fi
 
 # Without CLI11 and pkg-config: a capture-only trainer must not need them.
 cmake -S "$root/tests/install/consumer" -B "$work/consumer" -G Ninja \

@@ -17,6 +17,7 @@ packages=(
   coreutils                                  # od, dd, head: the stock-tools interop test
   chromium                                   # headless render of the HTML report (the test skips without it)
   clang-format                               # scripts/ci-format.sh (clang-format 14)
+  go-md2man                                  # the man page capsule(1) from cli/capsule.md
   python3-torch python3-numpy                # PyTorch 1.13 (CPU, the same release as libtorch-dev), NumPy
   pybind11-dev python3-pytest                # C++ bindings for Python, and pytest
   libgloo-dev                                # Gloo: CPU collectives for multi-process runs
