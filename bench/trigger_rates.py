@@ -3,7 +3,7 @@
 
 Runs the tiny_gpt sample trainer (capsule-tiny-gpt) many times with its default MonitorOptions:
 clean runs over a grid of seeds, depths and batch sizes (every trigger there is a false one), and
-runs with a `bad-data` fault (one batch with corrupted labels; the trigger should fire at that
+runs with a `bad-batch` fault (one batch with every sample's labels corrupted; the trigger should fire at that
 step). Prints one line per run and the totals; `--json FILE` keeps the numbers.
 
   bench/trigger_rates.py build/samples/capsule-tiny-gpt [--steps 200] [--quick]
@@ -84,7 +84,7 @@ def main():
         for layers, batch, seed in fault_grid:
             inject_step = 60 + 20 * seed
             r = run(a.trainer, work, f"bad-L{layers}-B{batch}-S{seed}", min(a.steps, inject_step + 5),
-                    layers, batch, seed, ["--inject", "bad-data", "--inject-step", str(inject_step)])
+                    layers, batch, seed, ["--inject", "bad-batch", "--inject-step", str(inject_step)])
             r["inject_step"] = inject_step
             r["detected"] = any(s == inject_step for s, _ in r["triggers"])
             r["false"] = [t for t in r["triggers"] if t[0] != inject_step]

@@ -32,6 +32,18 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; " << r.intra_op_threads()
       << " intra-op threads\n";
   for (const auto& w : r.warnings()) out << "warning: " << w << "\n";
+  // The triage stages in their order: which one explains, and each finding that failed or says
+  // something (a pass of the data stage states its margin).
+  for (const auto& s : r.stages()) {
+    out << "stage " << StageName(s.stage()) << ": "
+        << (!s.ran()       ? "skipped (" + s.skipped_reason() + ")"
+            : s.explains() ? std::string("FAILED")
+                           : std::string("passed"))
+        << "\n";
+    for (const auto& f : s.findings()) {
+      out << "  " << (f.failed() ? "FAIL " : "ok   ") << f.check() << ": " << f.detail() << "\n";
+    }
+  }
   // Each row shows the bound applied to it (atol + rtol*|ref|, atol already scaled for gradients)
   // and the worst error as a multiple of it: above 1 fails. A relative error alone misleads on a
   // near-zero reference.

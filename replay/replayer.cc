@@ -24,6 +24,7 @@
 #include "capsule/replay/extract.h"
 #include "capsule/replay/internal/capsule_inputs.h"
 #include "capsule/replay/internal/diagnosis.h"
+#include "capsule/replay/internal/triage.h"
 
 namespace capsule {
 
@@ -436,7 +437,21 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   CAPSULE_RETURN_IF_ERROR(RestoreRng(c));
   CAPSULE_ASSIGN_OR_RETURN(ReferenceRun ref_eval, RunReference(ref, eval, options.backward));
 
-  // 3. Layerwise.
+  // 3. Triage before the numerics, in the order a user debugs: data, then objective. Both judge
+  // the batch against the FP64 reference path's logits and loss (replay/internal/triage.h).
+  {
+    internal::TriageInput triage;
+    triage.capsule = &c;
+    triage.batch = &eval;
+    const size_t n = ref.size();
+    if (n >= 2 && !ref_eval.outputs[n - 2].empty()) triage.logits = ref_eval.outputs[n - 2][0];
+    triage.model_loss = ref_eval.loss;
+    if (options.progress) options.progress("data and objective stages");
+    *report.add_stages() = internal::RunDataStage(triage);
+    *report.add_stages() = internal::RunObjectiveStage(triage);
+  }
+
+  // 4. Numerics: layerwise.
   if (options.forward)
     CAPSULE_RETURN_IF_ERROR(CompareForward(*model, ref_eval, eval, options, report));
   if (options.backward) {
@@ -446,12 +461,12 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
     return InternalError("no layer could be compared; the replay proves nothing");
   }
 
-  // 4. Bisect.
+  // 5. Bisect.
   if (options.bisect != BisectMode::kNone) {
     CAPSULE_RETURN_IF_ERROR(RunBisect(*model, ref_eval, eval, options, report));
   }
 
-  // 5. Diagnosis.
+  // 6. Diagnosis.
   internal::Diagnose(report);
   return report;
 }

@@ -55,7 +55,34 @@ std::string Numerics(const v1::ReplayReport& r) {
   return text;
 }
 
+// The first failed finding of the first stage that explains, for the diagnosis sentence.
+std::string StageSentence(const v1::ReplayReport& r, v1::Stage stage) {
+  for (const auto& s : r.stages()) {
+    if (s.stage() != stage) continue;
+    std::string text;
+    for (const auto& f : s.findings()) {
+      if (!f.failed()) continue;
+      text += (text.empty() ? "" : "; ") + f.detail() + " [" + f.check() + "]";
+    }
+    return text;
+  }
+  return "";
+}
+
 }  // namespace
+
+std::string StageName(int stage) {
+  switch (stage) {
+    case v1::STAGE_DATA:
+      return "data";
+    case v1::STAGE_OBJECTIVE:
+      return "objective";
+    case v1::STAGE_NUMERICS:
+      return "numerics";
+    default:
+      return "unknown";
+  }
+}
 
 std::string DiagnosisSentence(const v1::ReplayReport& r) {
   switch (r.diagnosis()) {
@@ -70,6 +97,11 @@ std::string DiagnosisSentence(const v1::ReplayReport& r) {
              "skipping the batch";
     case v1::NUMERICS:
       return Numerics(r);
+    case v1::DATA:
+      return "bad data, before any numerics: " + StageSentence(r, v1::STAGE_DATA) +
+             "; fix or drop that sample rather than skipping the step";
+    case v1::OBJECTIVE:
+      return "the objective, before any numerics: " + StageSentence(r, v1::STAGE_OBJECTIVE);
     case v1::NO_DIVERGENCE:
       return r.extract_layer().empty()
                  ? kAgree + std::string("on every compared layer")

@@ -23,6 +23,9 @@ namespace capsule {
 // an unspecified diagnosis.
 std::string DiagnosisSentence(const v1::ReplayReport& report);
 
+// "data", "objective", "numerics" for a capsule.v1.Stage value.
+std::string StageName(int stage);
+
 }  // namespace capsule
 
 #endif  // CAPSULE_REPORT_REPLAY_TEXT_H_

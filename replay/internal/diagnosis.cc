@@ -26,10 +26,43 @@ void Diagnose(v1::ReplayReport& report) {
     report.set_first_divergent_phase(first->phase());
     report.set_first_divergent_source(v1::LAYERWISE);
   }
+  // The numerics stage, beside data and objective: it explains when the optimized path diverges.
+  v1::StageReport* numerics = nullptr;
+  for (auto& s : *report.mutable_stages()) {
+    if (s.stage() == v1::STAGE_NUMERICS) numerics = &s;
+  }
+  if (numerics == nullptr) {
+    numerics = report.add_stages();
+    numerics->set_stage(v1::STAGE_NUMERICS);
+  }
+  numerics->set_ran(report.layers_size() > 0 || report.has_bisect());
+  const bool bisect_bad = report.has_bisect() && !report.bisect().first_bad_layer().empty();
+  numerics->set_explains(first != nullptr || bisect_bad);
+  numerics->clear_findings();
+  v1::Finding& f = *numerics->add_findings();
+  f.set_check("numerics.first_divergent_layer");
+  f.set_failed(numerics->explains());
+  f.set_detail(first != nullptr ? "the optimized path diverges from the FP64 reference at " +
+                                      first->name() + " (" + v1::Phase_Name(first->phase()) + ")"
+               : bisect_bad ? "composite runs diverge from layer " +
+                                  report.bisect().first_bad_layer() + " on (bisect)"
+                            : "the optimized path agrees with the FP64 reference on every "
+                              "compared layer");
+  // The first earlier stage with a failed finding explains the trigger, unless the failure did
+  // not reproduce at all (then nothing in this batch explains it).
+  const v1::StageReport* earlier = nullptr;
+  for (const auto& s : report.stages()) {
+    if (earlier == nullptr && s.explains() &&
+        (s.stage() == v1::STAGE_DATA || s.stage() == v1::STAGE_OBJECTIVE)) {
+      earlier = &s;
+    }
+  }
   // NOT_CHECKED (a manual capture with nothing to compare) is not evidence of a transient: the
   // layerwise comparison decides.
   if (report.fidelity() == v1::NOT_REPRODUCED) {
     report.set_diagnosis(v1::TRANSIENT);
+  } else if (earlier != nullptr) {
+    report.set_diagnosis(earlier->stage() == v1::STAGE_DATA ? v1::DATA : v1::OBJECTIVE);
   } else if (report.reference_anomalous()) {
     report.set_diagnosis(v1::DATA_OR_MODEL);
   } else if (first != nullptr) {

@@ -10,7 +10,7 @@
 namespace capsule::tiny_gpt {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, const char*>, 7> kKindNames = {{
+constexpr std::array<std::pair<FaultKind, const char*>, 10> kKindNames = {{
     {FaultKind::kNone, "none"},
     {FaultKind::kNan, "nan"},
     {FaultKind::kSoftmaxOverflow, "softmax-overflow"},
@@ -18,10 +18,14 @@ constexpr std::array<std::pair<FaultKind, const char*>, 7> kKindNames = {{
     {FaultKind::kEps, "eps"},
     {FaultKind::kBadData, "bad-data"},
     {FaultKind::kTransient, "transient"},
+    {FaultKind::kLossSum, "loss-sum"},
+    {FaultKind::kLabelsUnshifted, "labels-unshifted"},
+    {FaultKind::kBadBatch, "bad-batch"},
 }};
 
 bool KindNeedsLayer(FaultKind kind) {
-  return kind != FaultKind::kNone && kind != FaultKind::kBadData;
+  return kind != FaultKind::kNone && kind != FaultKind::kBadData && kind != FaultKind::kBadBatch &&
+         kind != FaultKind::kLossSum && kind != FaultKind::kLabelsUnshifted;
 }
 
 }  // namespace
@@ -39,7 +43,8 @@ StatusOr<FaultKind> ParseFaultKind(std::string_view name) {
   }
   return InvalidArgumentError(
       "tiny_gpt: unknown fault kind '" + std::string(name) +
-      "' (use none, nan, softmax-overflow, tail-block, eps, bad-data or transient)");
+      "' (use none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
+      "loss-sum or labels-unshifted)");
 }
 
 std::string FaultSpec::ToString() const {
@@ -80,12 +85,23 @@ StatusOr<FaultSpec> ParseFaultSpec(std::string_view text) {
 }
 
 bool FaultCorruptsBatch(const FaultSpec& fault, int64_t step) {
-  return fault.kind == FaultKind::kBadData && step == fault.from_step;
+  return (fault.kind == FaultKind::kBadData || fault.kind == FaultKind::kBadBatch) &&
+         step == fault.from_step;
 }
 
-void CorruptBatch(LayerBatch& batch) {
-  const at::Tensor ignored = batch.labels.eq(-100);
-  batch.labels = at::where(ignored, batch.labels, at::bitwise_xor(batch.labels, 0x80));
+void CorruptBatch(LayerBatch& batch, bool every_sample) {
+  at::Tensor labels = batch.labels.clone();
+  at::Tensor row = every_sample ? labels : labels[kCorruptSample];
+  row.copy_(at::where(row.eq(-100), row, at::bitwise_xor(row, 0x80)));
+  batch.labels = labels;
+}
+
+bool FaultUnshiftsLabels(const FaultSpec& fault, int64_t step) {
+  return fault.kind == FaultKind::kLabelsUnshifted && step >= fault.from_step;
+}
+
+void UnshiftLabels(LayerBatch& batch) {
+  batch.labels = at::where(batch.labels.eq(-100), batch.labels, batch.input_ids);
 }
 
 }  // namespace capsule::tiny_gpt

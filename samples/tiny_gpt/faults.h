@@ -9,7 +9,13 @@
 //                     stable)
 //   tail-block        the block's fused kernels skip the n % 16 tail of their tiled loops
 //   eps               the layer norms of the layer use kFaultyLayerNormEps instead of the config's
-//   bad-data          not a layer fault: the batch of that one step is corrupted (CorruptBatch)
+//   bad-data          not a layer fault: one sample of that one step's batch is corrupted
+//                     (CorruptBatch)
+//   bad-batch         as bad-data, but every sample of the batch is corrupted: no sample stands
+//                     out, so replay can only say that the reference path fails too
+//   loss-sum          an objective fault, in both paths: the loss is the token sum, not the mean
+//   labels-unshifted  an objective fault in the data pipeline: from the step on, the labels are
+//                     the input ids themselves, not shifted by one (UnshiftLabels)
 //   transient         a NaN like `nan`, but only on the first execution of that one step (a
 //   simulated
 //                     hardware fault: re-running the step does not reproduce it)
@@ -31,9 +37,21 @@
 
 namespace capsule::tiny_gpt {
 
-enum class FaultKind { kNone, kNan, kSoftmaxOverflow, kTailBlock, kEps, kBadData, kTransient };
+enum class FaultKind {
+  kNone,
+  kNan,
+  kSoftmaxOverflow,
+  kTailBlock,
+  kEps,
+  kBadData,
+  kTransient,
+  kLossSum,
+  kLabelsUnshifted,
+  kBadBatch
+};
 
-// "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient".
+// "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient", "loss-sum",
+// "labels-unshifted", "bad-batch".
 const char* FaultKindName(FaultKind kind);
 StatusOr<FaultKind> ParseFaultKind(std::string_view name);
 
@@ -63,14 +81,23 @@ inline constexpr double kFaultyLayerNormEps = 1e-1;
 // ordinary batch, while a max-subtracting softmax handles the same logits without trouble.
 inline constexpr double kOverflowLogitGain = 1e4;
 
-// True when `fault` is a bad-data fault for this step.
+// True when `fault` is a bad-data or bad-batch fault for this step.
 bool FaultCorruptsBatch(const FaultSpec& fault, int64_t step);
 
-// Corrupts labels the way a tokenizer mismatch does: every label byte gets its high bit flipped,
-// producing non-ASCII targets an English byte corpus never contains, so any model that has learned
-// the corpus assigns them tiny probability and the loss spikes on both paths. Ignored labels
-// (-100) stay ignored. Deterministic given the batch.
-void CorruptBatch(LayerBatch& batch);
+// The sample CorruptBatch corrupts: the first of the batch.
+inline constexpr int64_t kCorruptSample = 0;
+
+// Corrupts the labels of sample kCorruptSample the way a tokenizer mismatch does: every label byte
+// gets its high bit flipped, producing non-ASCII targets an English byte corpus never contains, so
+// a model that has learned the corpus assigns them tiny probability and the loss spikes on both
+// paths. Ignored labels (-100) stay ignored. Deterministic given the batch.
+// With `every_sample` (bad-batch), all samples are corrupted alike.
+void CorruptBatch(LayerBatch& batch, bool every_sample = false);
+
+// True when `fault` is a labels-unshifted fault active at this step.
+bool FaultUnshiftsLabels(const FaultSpec& fault, int64_t step);
+// Replaces the labels by the input ids (the shift by one forgotten); -100 stays -100.
+void UnshiftLabels(LayerBatch& batch);
 
 }  // namespace capsule::tiny_gpt
 

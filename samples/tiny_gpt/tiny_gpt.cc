@@ -66,7 +66,8 @@ at::Tensor MergeHeads(const at::Tensor& x) {
 // Mean cross-entropy over the positions that have a target: labels != -100 and, when given,
 // loss_mask != 0. With labels_shifted == false, labels (and loss_mask) are aligned with the inputs
 // and position i predicts labels[i + 1].
-at::Tensor MeanCrossEntropy(const at::Tensor& logits, const LayerBatch& batch) {
+// With `sum` (the loss-sum fault) the token sum is returned instead of the mean.
+at::Tensor MeanCrossEntropy(const at::Tensor& logits, const LayerBatch& batch, bool sum = false) {
   TORCH_CHECK(batch.labels.defined() && batch.labels.dim() == 2,
               "tiny_gpt loss: labels must be int64 [batch, seq]");
   at::Tensor scores = logits;
@@ -83,6 +84,7 @@ at::Tensor MeanCrossEntropy(const at::Tensor& logits, const LayerBatch& batch) {
   const at::Tensor targets = labels.masked_fill(valid.logical_not(), 0).unsqueeze(-1);
   const at::Tensor picked = at::log_softmax(scores, -1).gather(-1, targets).squeeze(-1);
   const at::Tensor weight = valid.to(scores.scalar_type());
+  if (sum) return -(picked * weight).sum();
   return -(picked * weight).sum() / weight.sum().clamp_min(1.0);
 }
 
@@ -122,7 +124,7 @@ class TinyGpt::ReferencePath : public LayerSequence {
                                  c.layer_norm_eps)};
     }
     if (layer == c.n_layers + 2) return {at::matmul(x, AsDouble(m_.lm_head_weight_).t())};
-    return {MeanCrossEntropy(x, batch)};
+    return {MeanCrossEntropy(x, batch, m_.ObjectiveFaultActive(FaultKind::kLossSum))};
   }
 
  private:
@@ -196,8 +198,10 @@ class TinyGpt::OptimizedPath : public LayerSequence {
       defects.write_nan = poison;
       return {FusedLayerNorm(x, m_.ln_f_weight_, m_.ln_f_bias_, eps, defects)};
     }
-    const at::Tensor out = layer == c.n_layers + 2 ? at::matmul(x, m_.lm_head_weight_.t())
-                                                   : MeanCrossEntropy(x, batch);
+    const at::Tensor out =
+        layer == c.n_layers + 2
+            ? at::matmul(x, m_.lm_head_weight_.t())
+            : MeanCrossEntropy(x, batch, m_.ObjectiveFaultActive(FaultKind::kLossSum));
     return {poison ? WriteNanAtFirst(out) : out};
   }
 
@@ -365,10 +369,17 @@ Status TinyGpt::SetFault(const FaultSpec& fault) {
 
 bool TinyGpt::FaultActive(FaultKind kind, int64_t layer) {
   const FaultSpec& f = config_.fault;
-  if (f.kind != kind || kind == FaultKind::kNone || kind == FaultKind::kBadData) return false;
+  if (f.kind != kind || kind == FaultKind::kNone || kind == FaultKind::kBadData ||
+      kind == FaultKind::kBadBatch) {
+    return false;
+  }
   if (config_.layer_index(f.layer) != layer) return false;
   if (kind == FaultKind::kTransient) return transient_armed_ && step_ == f.from_step;
   return step_ >= f.from_step;
+}
+
+bool TinyGpt::ObjectiveFaultActive(FaultKind kind) const {
+  return config_.fault.kind == kind && step_ >= config_.fault.from_step;
 }
 
 bool TinyGpt::FaultFires(FaultKind kind, int64_t layer) {

@@ -91,6 +91,8 @@ class TinyGpt : public Model {
   // call that reports it.
   bool FaultActive(FaultKind kind, int64_t layer);
   bool FaultFires(FaultKind kind, int64_t layer);
+  // A fault of the objective (loss-sum), which has no layer: active from its step on.
+  bool ObjectiveFaultActive(FaultKind kind) const;
 
   TinyGptConfig config_;
   int64_t step_ = 0;

@@ -73,6 +73,9 @@ Status TinyGptConfig::Validate() const {
   switch (fault.kind) {
     case FaultKind::kNone:
     case FaultKind::kBadData:
+    case FaultKind::kLossSum:
+    case FaultKind::kLabelsUnshifted:
+    case FaultKind::kBadBatch:
       return Status::Ok();
     case FaultKind::kNan:
     case FaultKind::kTransient:

@@ -115,7 +115,10 @@ int RunTrain(const TrainOptions& o) {
   for (int64_t step = 0; step < o.steps; ++step) {
     model.SetStep(step);
     CorpusBatch cb = loader.Next();
-    if (FaultCorruptsBatch(config.fault, step)) CorruptBatch(cb.batch);
+    if (FaultCorruptsBatch(config.fault, step)) {
+      CorruptBatch(cb.batch, config.fault.kind == FaultKind::kBadBatch);
+    }
+    if (FaultUnshiftsLabels(config.fault, step)) UnshiftLabels(cb.batch);
     capsule::DataCursor cursor{cb.cursor.epoch, cb.cursor.shard, cb.cursor.offset,
                                cb.cursor.sample_indices, "sampler"};
     StepBatch batch{cb.batch, cb.raw_text, {}, 0, tokens_seen};
@@ -201,8 +204,10 @@ int main(int argc, char** argv) {
   train->add_option("--run-name", o.run_name, "Run name used in capsule file names");
   train->add_option("--capture-at-step", o.capture_at_step,
                     "Capture this step manually (for finite faults such as eps, tail-block)");
-  train->add_option("--inject", o.inject,
-                    "Fault: none, nan, softmax-overflow, tail-block, eps, bad-data, transient");
+  train->add_option(
+      "--inject", o.inject,
+      "Fault: none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
+      "loss-sum, labels-unshifted");
   train->add_option("--inject-layer", o.inject_layer, "Layer of the fault, e.g. blocks.2");
   train->add_option("--inject-step", o.inject_step, "First step of the fault")
       ->check(CLI::NonNegativeNumber);

@@ -96,7 +96,9 @@ struct Harness {
   StepReport Step(Monitor& monitor, int64_t step, bool capture_now = false) {
     model->SetStep(step);
     CorpusBatch cb = loader->Next();
-    if (tiny_gpt::FaultCorruptsBatch(config.fault, step)) tiny_gpt::CorruptBatch(cb.batch);
+    if (tiny_gpt::FaultCorruptsBatch(config.fault, step)) {
+      tiny_gpt::CorruptBatch(cb.batch, config.fault.kind == tiny_gpt::FaultKind::kBadBatch);
+    }
     DataCursor cursor{cb.cursor.epoch, cb.cursor.shard, cb.cursor.offset, cb.cursor.sample_indices,
                       "sampler"};
     StepBatch batch{cb.batch, cb.raw_text, {}, 0, step * 128};
@@ -680,7 +682,7 @@ TEST(CleanRun, FiftyStepsNoFalseTrigger) {
 
 TEST(CleanRun, BadDataSpikesTheLoss) {
   TempDir dir;
-  Harness h(2, FaultSpec{FaultKind::kBadData, "", 55});
+  Harness h(2, FaultSpec{FaultKind::kBadBatch, "", 55});
   // Every trigger at its default: the early Adam steps' grad-norm jumps must not fire either.
   Monitor m(QuietOptions(dir.path()));
   m.AttachModel(h.model.get(), PathKind::kOptimized);

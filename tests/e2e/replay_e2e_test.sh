@@ -82,12 +82,46 @@ for cfg in "4 blocks.1" "8 blocks.6"; do
   check_fault eps "$1" "$2" --steps 5 --inject-step 2 --capture-at-step 3
 done
 
-cap=$(record bad-data --steps 57 --inject bad-data --inject-step 55)
-replay_json bad-data "$cap" --bisect
+# Triage before the numerics (replay/internal/triage.h): one corrupt sample of the batch is named
+# by the data stage; a batch corrupt throughout has no sample that stands out, and the reference
+# path fails too.
+# data_finding NAME -> "check sample_index" of the data stage's first failed finding
+data_finding() {
+  field "$1" '" ".join(str(x) for x in next(([f["check"], f.get("sample_index")] for s in d["stages"] if s["stage"] == "STAGE_DATA" for f in s["findings"] if f["failed"]), ["none"]))'
+}
+objective_checks() {
+  field "$1" '",".join(f["check"] for s in d["stages"] if s["stage"] == "STAGE_OBJECTIVE" for f in s["findings"] if f["failed"])'
+}
+for cfg in "55 1" "70 2"; do
+  set -- $cfg
+  cap=$(record "bad-data-$1" --steps $(($1 + 2)) --batch-size 2 --seed "$2" --inject bad-data --inject-step "$1")
+  replay_json "bad-data-$1" "$cap" --bisect
+  rc=$?
+  [ $rc -eq 1 ] && [ "$(field "bad-data-$1" 'd["diagnosis"]')" = DATA ] &&
+    [ "$(data_finding "bad-data-$1")" = "data.bad_sample 0" ] ||
+    bad "bad-data-$1" "exit $rc, diagnosis $(field "bad-data-$1" 'd["diagnosis"]'), finding $(data_finding "bad-data-$1")"
+  echo "ok: bad-data at step $1 -> DATA, $(data_finding "bad-data-$1")"
+done
+cap=$(record bad-batch --steps 57 --inject bad-batch --inject-step 55)
+replay_json bad-batch "$cap" --bisect
 rc=$?
-[ $rc -eq 1 ] && [ "$(field bad-data 'd["diagnosis"]')" = DATA_OR_MODEL ] ||
-  bad bad-data "exit $rc, diagnosis $(field bad-data 'd["diagnosis"]')"
-echo "ok: bad-data -> $(field bad-data 'd["diagnosis"]')"
+[ $rc -eq 1 ] && [ "$(field bad-batch 'd["diagnosis"]')" = DATA_OR_MODEL ] ||
+  bad bad-batch "exit $rc, diagnosis $(field bad-batch 'd["diagnosis"]')"
+echo "ok: bad-batch -> $(field bad-batch 'd["diagnosis"]')"
+# Objective faults do not spike: captured on request, at two steps and seeds each.
+for cfg in "loss-sum 12 1 objective.reduction_sum" "loss-sum 40 2 objective.reduction_sum" \
+           "labels-unshifted 12 1 objective.labels_equal_inputs" \
+           "labels-unshifted 40 2 objective.labels_equal_inputs"; do
+  set -- $cfg
+  name="$1-$2"
+  cap=$(record "$name" --steps $(($2 + 1)) --seed "$3" --inject "$1" --inject-step 5 --capture-at-step "$2")
+  replay_json "$name" "$cap"
+  rc=$?
+  [ $rc -eq 1 ] && [ "$(field "$name" 'd["diagnosis"]')" = OBJECTIVE ] &&
+    [ "$(objective_checks "$name" | tr ',' '\n' | grep -c -x "$4")" = 1 ] ||
+    bad "$name" "exit $rc, diagnosis $(field "$name" 'd["diagnosis"]'), checks $(objective_checks "$name")"
+  echo "ok: $1 at step $2 -> OBJECTIVE ($(objective_checks "$name"))"
+done
 
 cap=$(record transient --steps 5 --inject transient --inject-layer blocks.2 --inject-step 3)
 replay_json transient "$cap"
@@ -103,9 +137,10 @@ rc=$?
 [ $rc -eq 0 ] && [ "$(field clean 'd["diagnosis"]')" = NO_DIVERGENCE ] &&
   [ "$(field clean 'd["fidelity"]')" = REPRODUCED_EXACT ] &&
   [ "$(field clean 'd.get("first_divergent_layer")')" = null ] &&
-  [ "$(field clean 'any(l["phase"] == "BACKWARD" for l in d["layers"])')" = true ] ||
+  [ "$(field clean 'any(l["phase"] == "BACKWARD" for l in d["layers"])')" = true ] &&
+  [ "$(field clean '[s["stage"] for s in d["stages"] if s["ran"] and not s["explains"]]')" = "['STAGE_DATA', 'STAGE_OBJECTIVE', 'STAGE_NUMERICS']" ] ||
   bad clean "exit $rc, diagnosis $(field clean 'd["diagnosis"]'), fidelity $(field clean 'd["fidelity"]')"
-echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, exit 0"
+echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, every stage passes, exit 0"
 
 # Refusals: the exit status every command gives for the cause (3 untrusted, 4 invalid, 2 cannot
 # re-run; cli/capsule.md, EXIT STATUS) and a message naming it.

@@ -76,8 +76,8 @@ expect softmax-overflow "$work/softmax-overflow.json" 'd["trigger"]["kind"] == "
   'd["numerics"]["first_anomalous_layer"] == "blocks.1"' \
   'd["trigger"]["capture_rerun"] == "RERUN_REPRODUCED"'
 
-run_case bad-data 57 -step55-rank0-loss-spike.capsule --inject bad-data --inject-step 55
-expect bad-data "$work/bad-data.json" 'd["trigger"]["kind"] == "LOSS_SPIKE"' \
+run_case bad-batch 57 -step55-rank0-loss-spike.capsule --inject bad-batch --inject-step 55
+expect bad-batch "$work/bad-batch.json" 'd["trigger"]["kind"] == "LOSS_SPIKE"' \
   'd["trigger"]["capture_rerun"] == "RERUN_REPRODUCED"'
 
 run_case transient 8 -step5-rank0-non-finite-loss.capsule \

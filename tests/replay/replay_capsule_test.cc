@@ -88,7 +88,9 @@ std::vector<v1::Capsule> Record(const FaultSpec& fault, int steps, int capture_a
   for (int step = 0; step < steps; ++step) {
     model->SetStep(step);
     tiny_gpt::CorpusBatch cb = loader->Next();
-    if (tiny_gpt::FaultCorruptsBatch(fault, step)) tiny_gpt::CorruptBatch(cb.batch);
+    if (tiny_gpt::FaultCorruptsBatch(fault, step)) {
+      tiny_gpt::CorruptBatch(cb.batch, fault.kind == FaultKind::kBadBatch);
+    }
     DataCursor cursor{cb.cursor.epoch, cb.cursor.shard, cb.cursor.offset, cb.cursor.sample_indices,
                       "sampler"};
     monitor.BeginStep(step, cursor, StepBatch{cb.batch, cb.raw_text, {}, 0, step * 128});
@@ -235,9 +237,10 @@ TEST_F(ReplayCapsuleTest, TransientFaultDoesNotReproduce) {
   EXPECT_EQ(r->diagnosis(), v1::TRANSIENT);
 }
 
-TEST_F(ReplayCapsuleTest, BadDataShowsOnTheReferencePathToo) {
+TEST_F(ReplayCapsuleTest, BadBatchShowsOnTheReferencePathToo) {
+  // Every sample corrupted alike: no sample stands out, so no earlier stage explains the spike.
   // The spike trigger needs 50 steps of history first; this test is about the loss.
-  std::vector<v1::Capsule> all = Record({FaultKind::kBadData, "", 55}, 56, -1,
+  std::vector<v1::Capsule> all = Record({FaultKind::kBadBatch, "", 55}, 56, -1,
                                         /*grad_norm_spike_trigger=*/false);
   ASSERT_EQ(all.size(), 1u);
   const v1::Capsule& c = all.front();

@@ -191,7 +191,8 @@ TEST(FaultSpec, ParsesAndFormats) {
   }
   for (FaultKind kind :
        {FaultKind::kNone, FaultKind::kNan, FaultKind::kSoftmaxOverflow, FaultKind::kTailBlock,
-        FaultKind::kEps, FaultKind::kBadData, FaultKind::kTransient}) {
+        FaultKind::kEps, FaultKind::kBadData, FaultKind::kTransient, FaultKind::kLossSum,
+        FaultKind::kLabelsUnshifted, FaultKind::kBadBatch}) {
     StatusOr<FaultKind> back = ParseFaultKind(FaultKindName(kind));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, kind);
@@ -633,8 +634,14 @@ TEST(Faults, BadDataSpikesTheLossOnBothPaths) {
   bad.labels[0][0] = -100;  // ignored positions stay ignored
   LayerBatch bad_copy = bad;
   bad_copy.labels = bad.labels.clone();
-  CorruptBatch(bad);
-  CorruptBatch(bad_copy);
+  // bad-data corrupts one sample, the first; the rest of the batch is untouched.
+  LayerBatch one = bad;
+  CorruptBatch(one);
+  EXPECT_FALSE(at::equal(one.labels[kCorruptSample], bad.labels[kCorruptSample]));
+  EXPECT_TRUE(at::equal(one.labels.slice(0, 1), bad.labels.slice(0, 1)));
+  // bad-batch corrupts every sample: the whole batch's loss spikes.
+  CorruptBatch(bad, /*every_sample=*/true);
+  CorruptBatch(bad_copy, /*every_sample=*/true);
   EXPECT_TRUE(at::equal(bad.labels, bad_copy.labels));  // deterministic
   EXPECT_EQ(bad.labels[0][0].item<int64_t>(), -100);
   EXPECT_TRUE(at::equal(bad.input_ids, clean.input_ids));

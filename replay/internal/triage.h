@@ -1,0 +1,50 @@
+// The triage stages before the numerics: data and objective (replay_report.proto, Stage). Both
+// read the batch and the FP64 reference path's logits and loss, so they judge what the model was
+// given and what its loss computed, independently of the optimized path:
+// - data: each sample's mean token loss in FP64; a sample the model finds no better than random
+//   on most of its tokens, while the rest of the batch has been learned, is bad data (named by
+//   index, sample id and dataset index); labels outside the vocabulary and samples with no target
+//   are bad data too. A sample with a high but consistent loss is a hard sample (a note).
+// - objective: a hand-written FP64 token-mean cross-entropy against the model's loss. When they
+//   differ, the variant that does match is named: a token sum, a per-sequence mean, the other
+//   label alignment, or a denominator that counts masked positions.
+// Thresholds and the margins clean runs keep from them: README, "Triage".
+//
+// Thread safety: pure functions.
+#ifndef CAPSULE_REPLAY_INTERNAL_TRIAGE_H_
+#define CAPSULE_REPLAY_INTERNAL_TRIAGE_H_
+
+#include <ATen/ATen.h>
+
+#include "capsule/model/layer_sequence.h"
+#include "capsule/proto/replay_report.pb.h"
+
+namespace capsule::internal {
+
+struct TriageInput {
+  const v1::Capsule* capsule = nullptr;  // sample ids and the cursor; may be null
+  const LayerBatch* batch = nullptr;
+  at::Tensor logits;      // the reference path's logits [B, T, V]; undefined when it has none
+  double model_loss = 0;  // the reference path's loss on the same batch
+};
+
+// A bad sample: at least this fraction of its target tokens have a loss of log V or more ...
+inline constexpr double kBadSampleUniformFraction = 0.5;
+// ... its mean token loss is at least this many nats above the median of the other samples ...
+inline constexpr double kBadSampleExcessNats = 1.0;
+// ... and those others have learned something: their median is at most this fraction of log V.
+inline constexpr double kLearnedFractionOfLogV = 0.75;
+// The model's loss and the hand-written cross-entropy agree within this relative error (both are
+// FP64 over the same logits: clean runs differ by about 1e-15).
+inline constexpr double kLossMatchRelTol = 1e-6;
+
+// Labels that equal the inputs (declared shifted) or the next inputs (declared unshifted) at this
+// fraction of the targets were not shifted by one, or shifted twice (clean text: a few percent).
+inline constexpr double kLabelsEqualInputsFraction = 0.5;
+
+v1::StageReport RunDataStage(const TriageInput& in);
+v1::StageReport RunObjectiveStage(const TriageInput& in);
+
+}  // namespace capsule::internal
+
+#endif  // CAPSULE_REPLAY_INTERNAL_TRIAGE_H_
