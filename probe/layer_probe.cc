@@ -76,9 +76,12 @@ StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
     }
   }
   const size_t outputs = wrt.size();
+  std::vector<ParameterGrad> params;
   for (size_t i = 0; i < seq.size(); ++i) {
     for (const NamedTensor& p : seq.LayerParameters(i)) {
-      if (p.second.requires_grad()) wrt.push_back(p.second);
+      if (!p.second.requires_grad()) continue;
+      wrt.push_back(p.second);
+      params.push_back({p.first, seq.name(i), at::Tensor()});
     }
   }
   std::vector<at::Tensor> grads;
@@ -98,10 +101,12 @@ StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
   }
   double sq = 0;
   for (size_t k = outputs; k < grads.size(); ++k) {
+    params[k - outputs].grad = grads[k];
     if (!grads[k].defined()) continue;
     sq += grads[k].detach().to(at::kDouble).pow(2).sum().item<double>();
   }
   r.grad_norm = std::sqrt(sq);
+  r.parameter_grads = std::move(params);
   r.backward_done = true;
   if (r.first_anomalous < 0) {
     // Gradients flow from the loss down: the highest non-finite output gradient is the first one

@@ -37,8 +37,17 @@ struct LayerRecord {
 
 enum class AnomalyPhase { kNone, kForward, kBackward };
 
+// The gradient of one parameter that requires grad, from the probe's backward.
+struct ParameterGrad {
+  std::string name;   // "blocks.3.mlp.fc1.weight"
+  std::string layer;  // the layer that owns it
+  at::Tensor grad;    // undefined when the loss does not depend on the parameter
+};
+
 struct ProbeResult {
   std::vector<LayerRecord> layers;  // in execution order; fewer than seq.size() if a layer threw
+  std::vector<ParameterGrad>
+      parameter_grads;  // after a backward: every parameter that requires grad
   at::Tensor loss;
   double loss_value = 0;
   double grad_norm = 0;  // L2 norm over all parameter gradients (NaN if any is non-finite)

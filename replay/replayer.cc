@@ -112,6 +112,7 @@ struct ReferenceRun {
   double loss = 0;
   bool anomalous = false;
   double grad_norm = 0;
+  std::vector<ParameterGrad> parameter_grads;  // when the backward ran
 };
 
 StatusOr<ReferenceRun> RunReference(LayerSequence& ref, const LayerBatch& batch, bool backward) {
@@ -128,6 +129,7 @@ StatusOr<ReferenceRun> RunReference(LayerSequence& ref, const LayerBatch& batch,
     run.outputs.push_back(i + 1 < n ? r.layers[i + 1].inputs : TensorList{r.loss});
   }
   run.layers = std::move(r.layers);
+  run.parameter_grads = std::move(r.parameter_grads);
   return run;
 }
 
@@ -447,8 +449,10 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
     if (n >= 2 && !ref_eval.outputs[n - 2].empty()) triage.logits = ref_eval.outputs[n - 2][0];
     triage.model_loss = ref_eval.loss;
     if (options.progress) options.progress("data and objective stages");
+    triage.parameter_grads = &ref_run.parameter_grads;
     *report.add_stages() = internal::RunDataStage(triage);
     *report.add_stages() = internal::RunObjectiveStage(triage);
+    *report.add_stages() = internal::RunGradientsStage(triage);
   }
 
   // 4. Numerics: layerwise.

@@ -79,6 +79,8 @@ std::string StageName(int stage) {
       return "objective";
     case v1::STAGE_NUMERICS:
       return "numerics";
+    case v1::STAGE_GRADIENTS:
+      return "gradients";
     default:
       return "unknown";
   }
@@ -102,6 +104,8 @@ std::string DiagnosisSentence(const v1::ReplayReport& r) {
              "; fix or drop that sample rather than skipping the step";
     case v1::OBJECTIVE:
       return "the objective, before any numerics: " + StageSentence(r, v1::STAGE_OBJECTIVE);
+    case v1::GRADIENTS:
+      return "the gradients, before any numerics: " + StageSentence(r, v1::STAGE_GRADIENTS);
     case v1::NO_DIVERGENCE:
       return r.extract_layer().empty()
                  ? kAgree + std::string("on every compared layer")

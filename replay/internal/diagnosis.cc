@@ -53,7 +53,8 @@ void Diagnose(v1::ReplayReport& report) {
   const v1::StageReport* earlier = nullptr;
   for (const auto& s : report.stages()) {
     if (earlier == nullptr && s.explains() &&
-        (s.stage() == v1::STAGE_DATA || s.stage() == v1::STAGE_OBJECTIVE)) {
+        (s.stage() == v1::STAGE_DATA || s.stage() == v1::STAGE_OBJECTIVE ||
+         s.stage() == v1::STAGE_GRADIENTS)) {
       earlier = &s;
     }
   }
@@ -62,7 +63,9 @@ void Diagnose(v1::ReplayReport& report) {
   if (report.fidelity() == v1::NOT_REPRODUCED) {
     report.set_diagnosis(v1::TRANSIENT);
   } else if (earlier != nullptr) {
-    report.set_diagnosis(earlier->stage() == v1::STAGE_DATA ? v1::DATA : v1::OBJECTIVE);
+    report.set_diagnosis(earlier->stage() == v1::STAGE_DATA        ? v1::DATA
+                         : earlier->stage() == v1::STAGE_OBJECTIVE ? v1::OBJECTIVE
+                                                                   : v1::GRADIENTS);
   } else if (report.reference_anomalous()) {
     report.set_diagnosis(v1::DATA_OR_MODEL);
   } else if (first != nullptr) {

@@ -329,4 +329,60 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
   return r;
 }
 
+v1::StageReport RunGradientsStage(const TriageInput& in) {
+  v1::StageReport r;
+  r.set_stage(v1::STAGE_GRADIENTS);
+  if (in.parameter_grads == nullptr || in.parameter_grads->empty()) {
+    r.set_skipped_reason("no backward ran on the reference path, or no parameter requires grad");
+    return r;
+  }
+  r.set_ran(true);
+  // By layer, in execution order: the parameters without a gradient, and the gradient norm.
+  std::vector<std::string> layers;
+  std::vector<std::vector<std::string>> cut;
+  std::vector<int> counts;
+  std::vector<double> norms;
+  for (const ParameterGrad& p : *in.parameter_grads) {
+    size_t i = 0;
+    while (i < layers.size() && layers[i] != p.layer) ++i;
+    if (i == layers.size()) {
+      layers.push_back(p.layer);
+      cut.emplace_back();
+      counts.push_back(0);
+      norms.push_back(0);
+    }
+    ++counts[i];
+    if (!p.grad.defined()) {
+      cut[i].push_back(p.name + " (none)");
+      continue;
+    }
+    const at::Tensor g = p.grad.detach().to(at::kDouble);
+    const double sq = g.pow(2).sum().item<double>();
+    if (sq == 0) cut[i].push_back(p.name + " (exactly zero)");
+    norms[i] += sq;
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (cut[i].empty()) continue;
+    std::string names;
+    for (size_t k = 0; k < cut[i].size() && k < 4; ++k) names += (k ? ", " : "") + cut[i][k];
+    if (cut[i].size() > 4) names += ", ...";
+    AddFinding(r, "gradients.disconnected", true, static_cast<double>(cut[i].size()), 0,
+               "layer " + layers[i] + ": " + std::to_string(cut[i].size()) + " of " +
+                   std::to_string(counts[i]) +
+                   " parameters that require grad get no gradient from the loss (" + names +
+                   "): a stray detach() or a branch left out of the graph; the optimizer never "
+                   "updates them");
+  }
+  std::vector<size_t> order(layers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return norms[a] > norms[b]; });
+  std::string ranked;
+  for (size_t k = 0; k < order.size() && k < 3; ++k) {
+    ranked += (k ? ", " : "") + layers[order[k]] + " " + Num(std::sqrt(norms[order[k]]));
+  }
+  AddFinding(r, "gradients.per_layer_norm", false, order.empty() ? 0 : std::sqrt(norms[order[0]]),
+             0, "largest per-layer gradient norms (FP64 reference): " + ranked);
+  return r;
+}
+
 }  // namespace capsule::internal

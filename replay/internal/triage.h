@@ -8,6 +8,7 @@
 // - objective: a hand-written FP64 token-mean cross-entropy against the model's loss. When they
 //   differ, the variant that does match is named: a token sum, a per-sequence mean, the other
 //   label alignment, or a denominator that counts masked positions.
+// - gradients: from the reference path's backward, parameters that require grad and get none.
 // Thresholds and the margins clean runs keep from them: README, "Triage".
 //
 // Thread safety: pure functions.
@@ -16,7 +17,10 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "capsule/model/layer_sequence.h"
+#include "capsule/probe/layer_probe.h"
 #include "capsule/proto/replay_report.pb.h"
 
 namespace capsule::internal {
@@ -26,6 +30,8 @@ struct TriageInput {
   const LayerBatch* batch = nullptr;
   at::Tensor logits;      // the reference path's logits [B, T, V]; undefined when it has none
   double model_loss = 0;  // the reference path's loss on the same batch
+  // The reference path's parameter gradients (its backward in training mode); null: none ran.
+  const std::vector<ParameterGrad>* parameter_grads = nullptr;
 };
 
 // A bad sample: at least this fraction of its target tokens have a loss of log V or more ...
@@ -44,6 +50,9 @@ inline constexpr double kLabelsEqualInputsFraction = 0.5;
 
 v1::StageReport RunDataStage(const TriageInput& in);
 v1::StageReport RunObjectiveStage(const TriageInput& in);
+// Parameters that require grad but get none, or an exactly-zero one (the loss does not reach
+// them: a stray detach(), a branch left out of the graph), by layer; per-layer norms ranked.
+v1::StageReport RunGradientsStage(const TriageInput& in);
 
 }  // namespace capsule::internal
 

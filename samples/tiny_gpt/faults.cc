@@ -10,7 +10,7 @@
 namespace capsule::tiny_gpt {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, const char*>, 10> kKindNames = {{
+constexpr std::array<std::pair<FaultKind, const char*>, 11> kKindNames = {{
     {FaultKind::kNone, "none"},
     {FaultKind::kNan, "nan"},
     {FaultKind::kSoftmaxOverflow, "softmax-overflow"},
@@ -21,6 +21,7 @@ constexpr std::array<std::pair<FaultKind, const char*>, 10> kKindNames = {{
     {FaultKind::kLossSum, "loss-sum"},
     {FaultKind::kLabelsUnshifted, "labels-unshifted"},
     {FaultKind::kBadBatch, "bad-batch"},
+    {FaultKind::kDisconnected, "disconnected"},
 }};
 
 bool KindNeedsLayer(FaultKind kind) {
@@ -44,7 +45,7 @@ StatusOr<FaultKind> ParseFaultKind(std::string_view name) {
   return InvalidArgumentError(
       "tiny_gpt: unknown fault kind '" + std::string(name) +
       "' (use none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
-      "loss-sum or labels-unshifted)");
+      "loss-sum, labels-unshifted or disconnected)");
 }
 
 std::string FaultSpec::ToString() const {

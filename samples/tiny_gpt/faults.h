@@ -14,6 +14,8 @@
 //   bad-batch         as bad-data, but every sample of the batch is corrupted: no sample stands
 //                     out, so replay can only say that the reference path fails too
 //   loss-sum          an objective fault, in both paths: the loss is the token sum, not the mean
+//   disconnected      a gradient fault, in both paths: the block's MLP branch is detach()ed, so
+//                     its parameters get no gradient (the forward is unchanged)
 //   labels-unshifted  an objective fault in the data pipeline: from the step on, the labels are
 //                     the input ids themselves, not shifted by one (UnshiftLabels)
 //   transient         a NaN like `nan`, but only on the first execution of that one step (a
@@ -47,11 +49,12 @@ enum class FaultKind {
   kTransient,
   kLossSum,
   kLabelsUnshifted,
-  kBadBatch
+  kBadBatch,
+  kDisconnected
 };
 
 // "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient", "loss-sum",
-// "labels-unshifted", "bad-batch".
+// "labels-unshifted", "bad-batch", "disconnected".
 const char* FaultKindName(FaultKind kind);
 StatusOr<FaultKind> ParseFaultKind(std::string_view name);
 

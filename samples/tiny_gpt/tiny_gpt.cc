@@ -150,7 +150,8 @@ class TinyGpt::ReferencePath : public LayerSequence {
     const at::Tensor mlp =
         at::linear(ReferenceGelu(at::linear(h2, AsDouble(p.fc1_w), AsDouble(p.fc1_b))),
                    AsDouble(p.fc2_w), AsDouble(p.fc2_b));
-    return y + Dropout(mlp, c.dropout, batch);
+    const bool cut = m_.FaultActive(FaultKind::kDisconnected, layer);
+    return y + Dropout(cut ? mlp.detach() : mlp, c.dropout, batch);
   }
 
   TinyGpt& m_;
@@ -230,7 +231,8 @@ class TinyGpt::OptimizedPath : public LayerSequence {
     const at::Tensor h2 = FusedLayerNorm(y, p.ln2_w, p.ln2_b, eps, norm_defects);
     const at::Tensor mlp =
         at::linear(FusedGelu(at::linear(h2, p.fc1_w, p.fc1_b), gelu_defects), p.fc2_w, p.fc2_b);
-    return y + Dropout(mlp, c.dropout, batch);
+    const bool cut = m_.FaultActive(FaultKind::kDisconnected, layer);
+    return y + Dropout(cut ? mlp.detach() : mlp, c.dropout, batch);
   }
 
   TinyGpt& m_;

@@ -87,6 +87,7 @@ Status TinyGptConfig::Validate() const {
       return Status::Ok();
     case FaultKind::kSoftmaxOverflow:
     case FaultKind::kTailBlock:
+    case FaultKind::kDisconnected:
       if (!IsBlock(layer) || layer_index(layer) < 0) {
         return ConfigError("fault " + kind + " needs a block layer (blocks.0-" +
                            std::to_string(n_layers - 1) + "), got '" + layer + "'");

@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
   train->add_option(
       "--inject", o.inject,
       "Fault: none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
-      "loss-sum, labels-unshifted");
+      "loss-sum, labels-unshifted, disconnected");
   train->add_option("--inject-layer", o.inject_layer, "Layer of the fault, e.g. blocks.2");
   train->add_option("--inject-step", o.inject_step, "First step of the fault")
       ->check(CLI::NonNegativeNumber);

@@ -122,6 +122,20 @@ for cfg in "loss-sum 12 1 objective.reduction_sum" "loss-sum 40 2 objective.redu
     bad "$name" "exit $rc, diagnosis $(field "$name" 'd["diagnosis"]'), checks $(objective_checks "$name")"
   echo "ok: $1 at step $2 -> OBJECTIVE ($(objective_checks "$name"))"
 done
+# A detach() that cuts one block's MLP branch: the forward is unchanged, so only the gradients
+# stage sees it, and names the block.
+for cfg in "blocks.1 12 1" "blocks.3 40 2"; do
+  set -- $cfg
+  name="disconnected-$1"
+  cap=$(record "$name" --steps $(($2 + 1)) --seed "$3" --inject disconnected --inject-layer "$1" \
+    --inject-step 5 --capture-at-step "$2")
+  replay_json "$name" "$cap"
+  rc=$?
+  finding=$(field "$name" '" ".join(f["detail"].split(":")[0] for s in d["stages"] if s["stage"] == "STAGE_GRADIENTS" for f in s["findings"] if f["failed"])')
+  [ $rc -eq 1 ] && [ "$(field "$name" 'd["diagnosis"]')" = GRADIENTS ] && [ "$finding" = "layer $1" ] ||
+    bad "$name" "exit $rc, diagnosis $(field "$name" 'd["diagnosis"]'), finding '$finding'"
+  echo "ok: disconnected at $1 -> GRADIENTS ($finding)"
+done
 
 cap=$(record transient --steps 5 --inject transient --inject-layer blocks.2 --inject-step 3)
 replay_json transient "$cap"
@@ -138,7 +152,7 @@ rc=$?
   [ "$(field clean 'd["fidelity"]')" = REPRODUCED_EXACT ] &&
   [ "$(field clean 'd.get("first_divergent_layer")')" = null ] &&
   [ "$(field clean 'any(l["phase"] == "BACKWARD" for l in d["layers"])')" = true ] &&
-  [ "$(field clean '[s["stage"] for s in d["stages"] if s["ran"] and not s["explains"]]')" = "['STAGE_DATA', 'STAGE_OBJECTIVE', 'STAGE_NUMERICS']" ] ||
+  [ "$(field clean '[s["stage"] for s in d["stages"] if s["ran"] and not s["explains"]]')" = "['STAGE_DATA', 'STAGE_OBJECTIVE', 'STAGE_GRADIENTS', 'STAGE_NUMERICS']" ] ||
   bad clean "exit $rc, diagnosis $(field clean 'd["diagnosis"]'), fidelity $(field clean 'd["fidelity"]')"
 echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, every stage passes, exit 0"
 

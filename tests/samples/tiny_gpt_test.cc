@@ -192,7 +192,7 @@ TEST(FaultSpec, ParsesAndFormats) {
   for (FaultKind kind :
        {FaultKind::kNone, FaultKind::kNan, FaultKind::kSoftmaxOverflow, FaultKind::kTailBlock,
         FaultKind::kEps, FaultKind::kBadData, FaultKind::kTransient, FaultKind::kLossSum,
-        FaultKind::kLabelsUnshifted, FaultKind::kBadBatch}) {
+        FaultKind::kLabelsUnshifted, FaultKind::kBadBatch, FaultKind::kDisconnected}) {
     StatusOr<FaultKind> back = ParseFaultKind(FaultKindName(kind));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, kind);
