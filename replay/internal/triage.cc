@@ -33,10 +33,11 @@ std::string Unsupported(const TriageInput& in) {
 // Per-position FP64 cross-entropy with one label alignment: `shifted` means labels[i] is the
 // target of position i, otherwise labels[i + 1] is.
 struct Tokens {
-  at::Tensor loss;   // [B, T'] FP64, 0 where there is no target
-  at::Tensor valid;  // [B, T'] a target: label != -100, inside the vocabulary, loss mask set
-  at::Tensor oov;    // [B, T'] a label outside [0, V) that is not -100
-  at::Tensor any;    // [B, T'] label != -100, ignoring the loss mask
+  at::Tensor loss;      // [B, T'] FP64, 0 where there is no target
+  at::Tensor unmasked;  // [B, T'] FP64, the same with the loss mask ignored
+  at::Tensor valid;     // [B, T'] a target: label != -100, inside the vocabulary, loss mask set
+  at::Tensor oov;       // [B, T'] a label outside [0, V) that is not -100
+  at::Tensor any;       // [B, T'] label != -100, ignoring the loss mask
   int64_t vocab = 0;
 };
 
@@ -60,6 +61,7 @@ Tokens Align(const TriageInput& in, bool shifted) {
   const at::Tensor targets = labels.masked_fill(out.any.logical_not(), 0).unsqueeze(-1);
   const at::Tensor all = -at::log_softmax(scores, -1).gather(-1, targets).squeeze(-1);
   out.loss = all * out.valid.to(at::kDouble);
+  out.unmasked = all * out.any.to(at::kDouble);
   return out;
 }
 
@@ -101,16 +103,20 @@ std::string NameSample(const TriageInput& in, int64_t b, v1::Finding& f) {
   return parts.empty() ? name : name + ")";
 }
 
+// A report for `stage`; false (and the reason recorded) when the batch cannot be judged.
+bool StartStage(v1::Stage stage, const TriageInput& in, v1::StageReport* r) {
+  r->set_stage(stage);
+  const std::string why = Unsupported(in);
+  r->set_skipped_reason(why);
+  r->set_ran(why.empty());
+  return why.empty();
+}
+
 }  // namespace
 
 v1::StageReport RunDataStage(const TriageInput& in) {
   v1::StageReport r;
-  r.set_stage(v1::STAGE_DATA);
-  if (std::string why = Unsupported(in); !why.empty()) {
-    r.set_skipped_reason(why);
-    return r;
-  }
-  r.set_ran(true);
+  if (!StartStage(v1::STAGE_DATA, in, &r)) return r;
   const Tokens t = Align(in, in.batch->labels_shifted);
   const double log_v = std::log(static_cast<double>(t.vocab));
   const int64_t batch = t.loss.size(0);
@@ -191,20 +197,16 @@ v1::StageReport RunDataStage(const TriageInput& in) {
 
 v1::StageReport RunObjectiveStage(const TriageInput& in) {
   v1::StageReport r;
-  r.set_stage(v1::STAGE_OBJECTIVE);
-  if (std::string why = Unsupported(in); !why.empty()) {
-    r.set_skipped_reason(why);
-    return r;
-  }
+  if (!StartStage(v1::STAGE_OBJECTIVE, in, &r)) return r;
   const bool shifted = in.batch->labels_shifted;
   const Tokens t = Align(in, shifted);
   const at::Tensor valid_loss = t.loss.masked_select(t.valid);
   if (!valid_loss.isfinite().all().item<bool>()) {
     r.set_skipped_reason(
         "the reference path's logits are not finite at the targets: the loss cannot be judged");
+    r.set_ran(false);
     return r;
   }
-  r.set_ran(true);
   // Labels against the inputs: declared shifted, labels[i] is the token after input i, so it
   // rarely equals input i; declared unshifted, labels[i] is input i, so the token after it rarely
   // equals labels[i].
@@ -296,16 +298,8 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
                           std::to_string(static_cast<int64_t>(denominator)) + " target tokens"});
   if (in.batch->loss_mask.defined()) {
     const double d = t.any.sum().item<double>();
-    const at::Tensor targets =
-        (shifted ? in.batch->labels : in.batch->labels.slice(1, 1, in.batch->labels.size(1)))
-            .masked_fill(t.any.logical_not(), 0)
-            .unsqueeze(-1);
-    at::Tensor scores = in.logits.to(at::kDouble);
-    if (!shifted) scores = scores.slice(1, 0, scores.size(1) - 1);
-    const at::Tensor all = -at::log_softmax(scores, -1).gather(-1, targets).squeeze(-1);
     if (d > 0) {
-      variants.push_back({"objective.loss_mask_ignored",
-                          (all * t.any.to(at::kDouble)).sum().item<double>() / d,
+      variants.push_back({"objective.loss_mask_ignored", t.unmasked.sum().item<double>() / d,
                           "the loss mask is ignored: masked positions (padding, prompt) are in "
                           "the loss"});
     }
