@@ -81,6 +81,8 @@ std::string StageName(int stage) {
       return "numerics";
     case v1::STAGE_GRADIENTS:
       return "gradients";
+    case v1::STAGE_OPTIMIZER:
+      return "optimizer";
     default:
       return "unknown";
   }
@@ -106,6 +108,8 @@ std::string DiagnosisSentence(const v1::ReplayReport& r) {
       return "the objective, before any numerics: " + StageSentence(r, v1::STAGE_OBJECTIVE);
     case v1::GRADIENTS:
       return "the gradients, before any numerics: " + StageSentence(r, v1::STAGE_GRADIENTS);
+    case v1::OPTIMIZER:
+      return "the optimizer step, before any numerics: " + StageSentence(r, v1::STAGE_OPTIMIZER);
     case v1::NO_DIVERGENCE:
       return r.extract_layer().empty()
                  ? kAgree + std::string("on every compared layer")

@@ -54,7 +54,7 @@ void Diagnose(v1::ReplayReport& report) {
   for (const auto& s : report.stages()) {
     if (earlier == nullptr && s.explains() &&
         (s.stage() == v1::STAGE_DATA || s.stage() == v1::STAGE_OBJECTIVE ||
-         s.stage() == v1::STAGE_GRADIENTS)) {
+         s.stage() == v1::STAGE_GRADIENTS || s.stage() == v1::STAGE_OPTIMIZER)) {
       earlier = &s;
     }
   }
@@ -65,7 +65,8 @@ void Diagnose(v1::ReplayReport& report) {
   } else if (earlier != nullptr) {
     report.set_diagnosis(earlier->stage() == v1::STAGE_DATA        ? v1::DATA
                          : earlier->stage() == v1::STAGE_OBJECTIVE ? v1::OBJECTIVE
-                                                                   : v1::GRADIENTS);
+                         : earlier->stage() == v1::STAGE_GRADIENTS ? v1::GRADIENTS
+                                                                   : v1::OPTIMIZER);
   } else if (report.reference_anomalous()) {
     report.set_diagnosis(v1::DATA_OR_MODEL);
   } else if (first != nullptr) {
