@@ -158,6 +158,41 @@ void FillEnvironment(const v1::Environment& e, const ReportRedaction& redact, Li
   if (!redact.host) add("host", e.hostname());
 }
 
+ReportFinding FindingRow(const v1::Finding& f, Limiter& cap) {
+  ReportFinding row;
+  row.check = cap.Text(f.check());
+  row.failed = f.failed();
+  row.detail = cap.Text(f.detail(), 2 * cap.limits.text_bytes);
+  row.value = f.value();
+  row.threshold = f.threshold();
+  if (f.has_sample_index()) row.sample_index = f.sample_index();
+  row.sample_id = cap.Text(f.sample_id());
+  if (f.has_dataset_index()) row.dataset_index = f.dataset_index();
+  return row;
+}
+
+ReportStage StageRow(const v1::StageReport& s, Limiter& cap) {
+  ReportStage row;
+  row.name = StageName(s.stage());
+  row.ran = s.ran();
+  row.skipped_reason = cap.Text(s.skipped_reason());
+  row.explains = s.explains();
+  row.verdict = !s.ran() ? "skipped" : s.explains() ? "FAILED" : "passed";
+  // Failed findings before the notes, so that the cap below never keeps a note and cuts what
+  // explains the failure. Indices first: only the kept findings are copied and cut to size.
+  std::vector<int> order;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < s.findings_size(); ++i) {
+      if (s.findings(i).failed() == (pass == 0)) order.push_back(i);
+    }
+  }
+  const int kept = std::min(static_cast<int>(order.size()), std::max(0, cap.limits.findings));
+  for (int i = 0; i < kept; ++i) row.findings.push_back(FindingRow(s.findings(order[i]), cap));
+  cap.LeftOut(static_cast<int64_t>(order.size()) - kept,
+              "findings of the " + row.name + " triage stage");
+  return row;
+}
+
 ReportReplay ReplayModel(const v1::ReplayReport& r, Limiter& cap) {
   ReportReplay m;
   m.diagnosis = v1::Diagnosis_Name(r.diagnosis());
@@ -173,6 +208,10 @@ ReportReplay ReplayModel(const v1::ReplayReport& r, Limiter& cap) {
   m.optimized_loss = r.optimized_loss();
   m.reference_loss = r.reference_loss();
   m.reference_anomalous = r.reference_anomalous();
+  for (int i = 0; i < r.stages_size() && i < cap.limits.stages; ++i) {
+    m.stages.push_back(StageRow(r.stages(i), cap));
+  }
+  cap.LeftOut(r.stages_size() - cap.limits.stages, "triage stages");
   int anchor = -1;
   for (int i = 0; i < r.layers_size() && anchor < 0; ++i) {
     if (!r.first_divergent_layer().empty() && r.layers(i).name() == r.first_divergent_layer() &&

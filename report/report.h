@@ -1,9 +1,10 @@
 // Bug reports from a capsule: BuildReportModel collects the facts a bug report needs (trigger,
 // step history, identity hashes, environment, the per-layer stats around the first anomaly and,
-// given a replay result, the per-layer divergence) into a plain ReportModel; the Render*
-// functions print that one model as Markdown (for an issue), self-contained HTML with inline SVG
-// charts, or JSON. Keeping the facts apart from their presentation means the three formats can
-// never disagree (cli/capsule.md, "report", lists what each shows).
+// given a replay result, the triage stages and the per-layer divergence) into a plain
+// ReportModel; the Render* functions print that one model as Markdown (for an issue),
+// self-contained HTML with inline SVG charts, or JSON. Keeping the facts apart from their
+// presentation means the three formats can never disagree (cli/capsule.md, "report", lists what
+// each shows).
 //
 //   capsule::ReportOptions options;
 //   options.file_name = "run-step5.capsule";
@@ -45,7 +46,10 @@ using ReportRedaction = RedactItems;
 // all three formats stay readable, and each cut is counted in ReportModel::left_out. The
 // defaults keep a Markdown report within a GitHub issue body (65,536 characters).
 struct ReportLimits {
-  size_t text_bytes = 256;          // each name, message or value from the capsule
+  // Each name, message or value from the capsule or the replay result. A triage finding's detail
+  // gets twice this: it is a sentence that carries the numbers and names the sample or the
+  // parameters, and is no use cut in the middle.
+  size_t text_bytes = 256;
   size_t config_text_bytes = 4096;  // the resolved config
   size_t raw_text_bytes = 512;      // each sequence's raw sample text
   size_t log_line_bytes = 240;      // each log line, and the log's error
@@ -58,6 +62,8 @@ struct ReportLimits {
   int libraries = 32;               // environment libraries
   int log_lines = 40;               // the newest log lines
   int warnings = 16;                // replay warnings
+  int stages = 8;                   // triage stages of the replay (it runs five)
+  int findings = 16;                // findings of each triage stage, the failed ones first
   // RenderMarkdown leaves out whole sections, least essential first, to stay within this.
   size_t markdown_chars = 65536;
 };
@@ -136,6 +142,34 @@ struct ReportSequence {
   std::string raw_text;            // empty when redacted
 };
 
+// One check of a triage stage (capsule.v1.Finding).
+struct ReportFinding {
+  std::string check;    // a stable name, e.g. "objective.reduction_sum" (cli/capsule.md)
+  bool failed = false;  // false: a note, or a check that passed
+  std::string detail;   // one sentence with the numbers
+  double value = 0;
+  double threshold = 0;
+  // The sample the finding is about, for per-sample findings; sample_id is empty when unset.
+  std::optional<int> sample_index;
+  std::string sample_id;
+  std::optional<int64_t> dataset_index;
+};
+
+// One triage stage of the replay, in the order replay ran them (data, objective, gradients,
+// optimizer, numerics): the first that explains is the diagnosis.
+struct ReportStage {
+  std::string name;  // StageName (report/replay_text.h): "data", "objective", ...
+  bool ran = false;
+  std::string skipped_reason;  // why it did not run; empty when it ran
+  bool explains = false;       // a finding failed
+  // "passed", "FAILED" or "skipped", as `capsule replay` prints it: from ran and explains, set
+  // here once so that no renderer phrases it differently.
+  std::string verdict;
+  // The failed findings first, then the notes, each group in the replay's order; at most
+  // ReportLimits::findings, so a failed finding is never cut for a note.
+  std::vector<ReportFinding> findings;
+};
+
 struct ReportReplay {
   std::string diagnosis;  // enum name, e.g. "NUMERICS"
   std::string diagnosis_text;
@@ -148,6 +182,7 @@ struct ReportReplay {
   double optimized_loss = 0;
   double reference_loss = 0;
   bool reference_anomalous = false;
+  std::vector<ReportStage> stages;  // empty for a replay result that has none
   std::vector<ReportDivergenceRow> layers;
   // Bisect summary; strategy is empty when no bisect was run.
   std::string bisect_strategy;

@@ -376,6 +376,29 @@ void Diagnosis(std::ostream& out, const ReportModel& m) {
   }
 }
 
+// A row per stage, its findings failed first (the model's order); a stage that explains the
+// failure is marked like a diverged layer.
+void Triage(std::ostream& out, const ReportModel& m) {
+  if (!m.replay || m.replay->stages.empty()) return;
+  out << "<h2>Triage</h2>\n<table id=\"triage\"><tr><th>stage</th><th>verdict</th>"
+         "<th>findings</th></tr>\n";
+  for (const ReportStage& s : m.replay->stages) {
+    out << "<tr" << (s.ran && s.explains ? " class=\"diverged\"" : "") << "><td>"
+        << HtmlEscape(s.name) << "</td><td>" << HtmlEscape(s.verdict);
+    if (!s.ran && !s.skipped_reason.empty()) out << " (" << HtmlEscape(s.skipped_reason) << ")";
+    out << "</td><td>";
+    if (s.findings.empty()) out << "-";
+    for (size_t i = 0; i < s.findings.size(); ++i) {
+      const ReportFinding& f = s.findings[i];
+      out << (i ? "<br>" : "") << (f.failed ? "<b>FAIL</b> " : "ok ") << "<code>"
+          << HtmlEscape(f.check) << "</code>";
+      if (!f.detail.empty()) out << ": " << HtmlEscape(f.detail);
+    }
+    out << "</td></tr>\n";
+  }
+  out << "</table>\n";
+}
+
 void Trigger(std::ostream& out, const ReportModel& m) {
   out << "<h2>Trigger</h2>\n<ul><li>kind: " << HtmlEscape(m.trigger_kind)
       << "</li><li>observed: " << FormatSignificant(m.trigger_observed, 6) << ", threshold "
@@ -545,6 +568,7 @@ std::string RenderHtml(const ReportModel& m) {
   Title(out, m);
   Provenance(out, m);
   Diagnosis(out, m);
+  Triage(out, m);
   Trigger(out, m);
   History(out, m);
   LayerStats(out, m);

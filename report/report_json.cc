@@ -75,6 +75,25 @@ void FillReplay(const ReportReplay& r, Json::Replay* o) {
     b.set_layers(r.bisect_layers);
   }
   for (const auto& w : r.warnings) o->add_warnings(w);
+  for (const auto& s : r.stages) {
+    Json::Stage& stage = *o->add_stages();
+    stage.set_stage(s.name);
+    stage.set_ran(s.ran);
+    stage.set_skipped_reason(s.skipped_reason);
+    stage.set_explains(s.explains);
+    stage.set_verdict(s.verdict);
+    for (const auto& f : s.findings) {
+      Json::Finding& finding = *stage.add_findings();
+      finding.set_check(f.check);
+      finding.set_failed(f.failed);
+      finding.set_detail(f.detail);
+      finding.set_value(f.value);
+      finding.set_threshold(f.threshold);
+      if (f.sample_index) finding.set_sample_index(*f.sample_index);
+      finding.set_sample_id(f.sample_id);
+      if (f.dataset_index) finding.set_dataset_index(*f.dataset_index);
+    }
+  }
 }
 
 }  // namespace

@@ -158,6 +158,31 @@ void Diagnosis(std::ostream& out, const ReportModel& m) {
       << "\n\n";
 }
 
+// One line per stage and its findings under it, failed first (the model's order). A check name
+// is set in <code> rather than a code span: inside backticks the escapes would show literally, and
+// a backtick in the name would end the span.
+void Triage(std::ostream& out, const ReportModel& m) {
+  if (!m.replay || m.replay->stages.empty()) return;
+  out << "### Triage\n\n";
+  for (const ReportStage& s : m.replay->stages) {
+    out << "- **" << MarkdownEscape(s.name) << "**: ";
+    if (s.ran && s.explains) {
+      out << "**" << s.verdict << "**";
+    } else {
+      out << s.verdict;
+    }
+    if (!s.ran && !s.skipped_reason.empty()) out << " (" << MarkdownEscape(s.skipped_reason) << ")";
+    out << "\n";
+    for (const ReportFinding& f : s.findings) {
+      out << "  - " << (f.failed ? "**FAIL** " : "ok ") << "<code>" << MarkdownEscape(f.check)
+          << "</code>";
+      if (!f.detail.empty()) out << ": " << MarkdownEscape(f.detail);
+      out << "\n";
+    }
+  }
+  out << "\n";
+}
+
 void Trigger(std::ostream& out, const ReportModel& m) {
   out << "### Trigger\n\n";
   out << "- kind: " << MarkdownEscape(m.trigger_kind) << "\n";
@@ -342,6 +367,8 @@ std::string RenderMarkdown(const ReportModel& m) {
       {Provenance, nullptr, 0, {}},
       {PrivateData, nullptr, 0, {}},
       {Diagnosis, nullptr, 0, {}},
+      // What explains the failure: the last named section to go.
+      {Triage, "triage", 1, {}},
       {Trigger, nullptr, 0, {}},
       {History, "step history", 3, {}},
       {LayerStats, "layer stats", 4, {}},

@@ -1,6 +1,7 @@
 // capsule::report: golden Markdown and JSON for the full golden capsule, HTML structure (self-
-// contained, one bar per forward layer, one point per step), escaping of hostile capsule text,
-// --redact, the unsigned-capsule warning, and capsule diffs.
+// contained, one bar per forward layer, one point per step), the replay's triage stages,
+// escaping of hostile capsule and replay text, --redact, the unsigned-capsule warning, and capsule
+// diffs.
 //
 // CAPSULE_UPDATE_GOLDEN=1 rewrites tests/report/golden/ after an intended change.
 #include "capsule/report/report.h"
@@ -531,6 +532,183 @@ TEST(ReportReplayTest, ShowsTheReplaysSentenceOrPhrasesOneFromTheFacts) {
             "numerics in the optimized path: first divergent layer blocks.0 (forward, 2 "
             "non-finite mismatches); bisect confirms it in 3 runs");
   EXPECT_EQ(m.replay->diagnosis_text, DiagnosisSentence(*replay));
+}
+
+// A replay result whose objective stage explains the failure (the loss is the token sum), after
+// a data stage that passed with a note, and with the gradients stage skipped.
+v1::ReplayReport ObjectiveReplay(const std::string& detail) {
+  v1::ReplayReport r;
+  r.set_diagnosis(v1::OBJECTIVE);
+  v1::StageReport& data = *r.add_stages();
+  data.set_stage(v1::STAGE_DATA);
+  data.set_ran(true);
+  v1::Finding& note = *data.add_findings();
+  note.set_check("data.per_sample_loss");
+  note.set_detail("2 samples, 14 target tokens; the largest excess is 0.04 nats");
+  note.set_value(0.04);
+  note.set_threshold(1);
+  note.set_sample_index(1);
+  note.set_sample_id("sample-11");
+  note.set_dataset_index(11);
+  v1::StageReport& objective = *r.add_stages();
+  objective.set_stage(v1::STAGE_OBJECTIVE);
+  objective.set_ran(true);
+  objective.set_explains(true);
+  v1::Finding& sum = *objective.add_findings();
+  sum.set_check("objective.reduction_sum");
+  sum.set_failed(true);
+  sum.set_detail(detail);
+  sum.set_value(0);
+  sum.set_threshold(1e-6);
+  v1::StageReport& gradients = *r.add_stages();
+  gradients.set_stage(v1::STAGE_GRADIENTS);
+  gradients.set_skipped_reason("no parameter requires grad");
+  return r;
+}
+
+ReportModel ModelWithReplay(const v1::ReplayReport& replay, const ReportOptions& options = {}) {
+  EnvelopeInfo envelope;
+  envelope.signature = SignatureState::kVerified;
+  return BuildReportModel(golden::MakeFullCapsule(), envelope, &replay, options);
+}
+
+v1::CapsuleReport ParseReportJson(const std::string& json) {
+  v1::CapsuleReport back;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok()) << json;
+  return back;
+}
+
+const char kSumDetail[] = "the model's loss 70 is the token sum, not the token mean 5";
+
+TEST(ReportTriageTest, FailedObjectiveFindingIsShownInEveryFormat) {
+  const ReportModel m = ModelWithReplay(ObjectiveReplay(kSumDetail));
+  const std::string md = RenderMarkdown(m);
+  EXPECT_NE(md.find("### Triage\n\n"
+                    "- **data**: passed\n"
+                    "  - ok <code>data.per_sample_loss</code>: 2 samples, 14 target tokens; the "
+                    "largest excess is 0.04 nats\n"
+                    "- **objective**: **FAILED**\n"
+                    "  - **FAIL** <code>objective.reduction_sum</code>: the model's loss 70 is the "
+                    "token sum, not the token mean 5\n"
+                    "- **gradients**: skipped (no parameter requires grad)\n"),
+            std::string::npos)
+      << md;
+  // Right after the diagnosis: what explains the failure comes before the trigger's details.
+  EXPECT_LT(md.find("### Diagnosis"), md.find("### Triage"));
+  EXPECT_LT(md.find("### Triage"), md.find("### Trigger"));
+
+  const std::string html = RenderHtml(m);
+  EXPECT_NE(html.find("<tr class=\"diverged\"><td>objective</td><td>FAILED</td><td><b>FAIL</b> "
+                      "<code>objective.reduction_sum</code>: the model&#39;s loss 70 is the token "
+                      "sum, not the token mean 5</td></tr>"),
+            std::string::npos)
+      << html;
+  EXPECT_NE(html.find("<tr><td>data</td><td>passed</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<tr><td>gradients</td><td>skipped (no parameter requires grad)</td>"),
+            std::string::npos)
+      << html;
+
+  const v1::CapsuleReport back = ParseReportJson(RenderJson(m));
+  ASSERT_EQ(back.replay().stages_size(), 3);
+  const auto& objective = back.replay().stages(1);
+  EXPECT_EQ(objective.stage(), "objective");
+  EXPECT_TRUE(objective.ran());
+  EXPECT_TRUE(objective.explains());
+  EXPECT_EQ(objective.verdict(), "FAILED");
+  ASSERT_EQ(objective.findings_size(), 1);
+  EXPECT_EQ(objective.findings(0).check(), "objective.reduction_sum");
+  EXPECT_TRUE(objective.findings(0).failed());
+  EXPECT_EQ(objective.findings(0).detail(), kSumDetail);
+  EXPECT_EQ(objective.findings(0).threshold(), 1e-6);
+  EXPECT_FALSE(objective.findings(0).has_sample_index());  // not about one sample: absent
+  const auto& note = back.replay().stages(0).findings(0);
+  EXPECT_EQ(note.sample_index(), 1);
+  EXPECT_EQ(note.sample_id(), "sample-11");
+  EXPECT_EQ(note.dataset_index(), 11);
+  EXPECT_EQ(back.replay().stages(2).verdict(), "skipped");
+  EXPECT_EQ(back.replay().stages(2).skipped_reason(), "no parameter requires grad");
+}
+
+TEST(ReportEscapingTest, HostileTriageTextIsEscapedInMarkdownAndHtml) {
+  const std::string hostile =
+      "x\x1b[2J\u202Egpj.exe " + kHostile + " ping @octocat, see https://evil.example/x | `y`";
+  v1::ReplayReport replay = ObjectiveReplay(hostile);
+  replay.mutable_stages(1)->mutable_findings(0)->set_check("objective." + kHostile + "`");
+  replay.mutable_stages(2)->set_skipped_reason(hostile);
+  const ReportModel m = ModelWithReplay(replay);
+  const std::string md = RenderMarkdown(m);
+  const std::string html = RenderHtml(m);
+  ExpectNoTerminalControls(md);
+  ExpectNoTerminalControls(html);
+  for (const std::string* out : {&md, &html}) {
+    EXPECT_EQ(out->find("<script"), std::string::npos) << *out;
+    EXPECT_NE(out->find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos) << *out;
+    EXPECT_NE(out->find("\\u202egpj.exe"), std::string::npos) << *out;
+  }
+  EXPECT_EQ(md.find("@octocat"), std::string::npos);
+  EXPECT_EQ(md.find("https://"), std::string::npos);
+  EXPECT_NE(md.find("@&#8203;octocat"), std::string::npos);
+  EXPECT_NE(md.find("https:&#8203;//evil.example"), std::string::npos);
+  // The check name cannot close its <code>, and a | cannot open a table cell.
+  EXPECT_NE(md.find("<code>objective.&lt;script&gt;alert(1)&lt;/script&gt;\\`</code>"),
+            std::string::npos)
+      << md;
+  EXPECT_EQ(md.find(" | `y`"), std::string::npos);
+}
+
+TEST(ReportLimitsTest, ThousandFindingsAreCappedFailedFirstAndTheCutIsCounted) {
+  v1::ReplayReport replay = ObjectiveReplay(kSumDetail);
+  replay.set_diagnosis_text("the objective: the loss is the token sum");  // not cut
+  v1::StageReport& objective = *replay.mutable_stages(1);
+  objective.clear_findings();
+  for (int i = 0; i < 999; ++i) {
+    v1::Finding& f = *objective.add_findings();
+    f.set_check("objective.note_" + std::to_string(i));
+    f.set_detail("note " + std::to_string(i));
+  }
+  // The one that explains comes last, and is over-long: it is kept, first, and cut short.
+  v1::Finding& failed = *objective.add_findings();
+  failed.set_check("objective.reduction_sum");
+  failed.set_failed(true);
+  failed.set_detail(std::string(10000, 'd'));
+  const ReportModel m = ModelWithReplay(replay);
+  const std::string md = RenderMarkdown(m);
+  const std::string html = RenderHtml(m);
+  const std::string json = RenderJson(m);
+  for (const std::string* out : {&md, &html, &json}) {
+    EXPECT_NE(out->find("984 more findings of the objective triage stage"), std::string::npos);
+  }
+  const v1::CapsuleReport back = ParseReportJson(json);
+  ASSERT_EQ(back.replay().stages_size(), 3);
+  const auto& shown = back.replay().stages(1);
+  ASSERT_EQ(shown.findings_size(), 16);
+  EXPECT_EQ(shown.findings(0).check(), "objective.reduction_sum");
+  EXPECT_TRUE(shown.findings(0).failed());
+  // A detail sentence is cut to twice text_bytes, and the cut is counted too.
+  EXPECT_EQ(shown.findings(0).detail(), std::string(512, 'd') + " \u2026 (9,488 more bytes)");
+  EXPECT_NE(json.find("1 string cut short"), std::string::npos);
+  EXPECT_EQ(shown.findings(1).check(), "objective.note_0");
+  EXPECT_EQ(shown.findings(15).check(), "objective.note_14");
+  EXPECT_EQ(md.find("objective.note_15"), std::string::npos);
+  EXPECT_EQ(html.find("objective.note_15"), std::string::npos);
+}
+
+TEST(ReportLimitsTest, TooManyTriageStagesAreCutAndCounted) {
+  v1::ReplayReport replay;
+  for (int i = 0; i < 100; ++i) replay.add_stages()->set_stage(v1::STAGE_DATA);
+  const v1::CapsuleReport back = ParseReportJson(RenderJson(ModelWithReplay(replay)));
+  EXPECT_EQ(back.replay().stages_size(), 8);
+  ASSERT_EQ(back.left_out_size(), 1);
+  EXPECT_EQ(back.left_out(0), "92 more triage stages");
+}
+
+TEST(ReportLimitsTest, MarkdownKeepsTheTriageWhenItLeavesOutSections) {
+  ReportOptions options;
+  options.limits.markdown_chars = 3000;
+  const std::string md = RenderMarkdown(ModelWithReplay(ObjectiveReplay(kSumDetail), options));
+  EXPECT_LE(md.size(), 3000u);
+  EXPECT_NE(md.find("these sections are left out"), std::string::npos) << md;
+  EXPECT_NE(md.find("<code>objective.reduction_sum</code>"), std::string::npos) << md;
 }
 
 TEST(ReplayJsonTest, FirstDivergentLayerIsAbsentWhenNoneAndRoundTrips) {
