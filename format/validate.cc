@@ -2,6 +2,7 @@
 
 #include <google/protobuf/descriptor.h>
 
+#include <cmath>
 #include <set>
 #include <vector>
 
@@ -213,6 +214,59 @@ std::vector<std::string> MakeStringsUtf8(v1::Capsule* capsule) {
   return notes;
 }
 
+namespace {
+
+// Objective, optimizer step and run events (FORMAT.md §6.2).
+Status ValidateObjectiveAndOptimizer(const v1::Capsule& c,
+                                     const std::set<std::string>& tensor_names) {
+  const v1::Objective& obj = c.objective();
+  if (!std::isfinite(obj.normalizer()) || obj.normalizer() < 0) {
+    return Invalid("objective.normalizer", "must be finite and >= 0");
+  }
+  if (obj.ranks() < 0) return Invalid("objective.ranks", "must be >= 0");
+  const v1::OptimizerStep& opt = c.optimizer();
+  for (int i = 0; i < opt.groups_size(); ++i) {
+    const v1::ParamGroup& g = opt.groups(i);
+    const std::string where = "optimizer.groups[" + std::to_string(i) + "]";
+    if (!std::isfinite(g.lr()) || g.lr() < 0) return Invalid(where, "lr must be finite and >= 0");
+    if (!(g.beta1() >= 0 && g.beta1() < 1) || !(g.beta2() >= 0 && g.beta2() < 1)) {
+      return Invalid(where, "betas must be in [0, 1)");
+    }
+    if (!(g.eps() > 0) || !std::isfinite(g.eps())) return Invalid(where, "eps must be > 0");
+    if (!(g.weight_decay() >= 0) || !std::isfinite(g.weight_decay())) {
+      return Invalid(where, "weight_decay must be finite and >= 0");
+    }
+  }
+  std::set<std::string> names;
+  for (int i = 0; i < opt.params_size(); ++i) {
+    const v1::ParamStep& p = opt.params(i);
+    const std::string where = "optimizer.params[" + std::to_string(i) + "] (" + p.name() + ")";
+    if (p.name().empty()) return Invalid(where, "name must be set");
+    if (!names.insert(p.name()).second) return Invalid(where, "duplicate name");
+    if (p.group() < -1 || p.group() >= opt.groups_size()) {
+      return Invalid(where, "group must be -1 or an index of optimizer.groups");
+    }
+    if (p.step_before() < 0) return Invalid(where, "step_before must be >= 0");
+    for (const std::string* t : {&p.grad(), &p.exp_avg(), &p.exp_avg_sq(), &p.param_after(),
+                                 &p.exp_avg_after(), &p.exp_avg_sq_after()}) {
+      if (!t->empty() && tensor_names.count(*t) == 0) {
+        return Invalid(where, "names no tensor in tensors (" + *t + ")");
+      }
+    }
+  }
+  for (int i = 0; i < c.events_size(); ++i) {
+    const v1::RunEvent& e = c.events(i);
+    const std::string where = "events[" + std::to_string(i) + "]";
+    if (e.step() < 0 || e.kind().empty()) return Invalid(where, "step must be >= 0 and kind set");
+    if (i > 0 && e.step() < c.events(i - 1).step()) {
+      return Invalid(where, "steps must not decrease");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   if (c.writer_version().empty()) return Invalid("writer_version", "must be set");
   if (!IsSaneTime(c.created_unix_micros())) {
@@ -244,6 +298,7 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     }
   }
 
+  if (c.data().micro_batches() < 0) return Invalid("data.micro_batches", "must be >= 0");
   for (int i = 0; i < c.data().sequences_size(); ++i) {
     const v1::Sequence& seq = c.data().sequences(i);
     const std::string where = "data.sequences[" + std::to_string(i) + "]";
@@ -254,6 +309,13 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     }
     if (!seq.raw_text().empty() && !seq.raw_bytes().empty()) {
       return Invalid(where, "both raw_text and raw_bytes are set (at most one may be)");
+    }
+    if (seq.micro_batch() < 0 ||
+        (i > 0 && seq.micro_batch() < c.data().sequences(i - 1).micro_batch())) {
+      return Invalid(where, "micro_batch must be >= 0 and not decrease along the sequences");
+    }
+    if (c.data().micro_batches() > 0 && seq.micro_batch() >= c.data().micro_batches()) {
+      return Invalid(where, "micro_batch must be below data.micro_batches");
     }
     if (seq.labels_size() != 0 && seq.labels_size() != n) {
       return Invalid(where, "labels and token_ids have different lengths");
@@ -359,6 +421,8 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
                      "names no tensor in tensors (" + c.data().tensor_names(i) + ")");
     }
   }
+
+  CAPSULE_RETURN_IF_ERROR(ValidateObjectiveAndOptimizer(c, tensor_names));
 
   const v1::Placement& p = c.placement();
   if (p.rank() < 0 || p.world_size() < 0 || (p.world_size() > 0 && p.rank() >= p.world_size())) {
