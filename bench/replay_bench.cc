@@ -42,7 +42,7 @@ const v1::Capsule& CapsuleWithLayers(int n) {
   Monitor monitor(options);
   monitor.AttachModel(model.get(), PathKind::kOptimized);
   tiny_gpt::CorpusBatch cb = loader.Next();
-  monitor.BeginStep(0, {}, StepBatch{cb.batch, {}, {}, 0, 0});
+  monitor.BeginStep(0, {}, StepBatch{cb.batch, {}, {}, 0, 0, {}, {}});
   StepScalars s;
   s.loss = RunSequence(model->Path(PathKind::kOptimized), cb.batch).item<double>();
   monitor.EndStep(s);

@@ -43,7 +43,7 @@ void BM_TinyGptStep(benchmark::State& state, Mode mode) {
     model->SetStep(step);
     if (mode == Mode::kArmed) {
       monitor.BeginStep(step, {cb.cursor.epoch, 0, cb.cursor.offset, cb.cursor.sample_indices, ""},
-                        StepBatch{cb.batch, {}, {}, 0, 0});
+                        StepBatch{cb.batch, {}, {}, 0, 0, {}, {}});
     }
     optimizer.zero_grad();
     double loss = 0;

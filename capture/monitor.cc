@@ -31,6 +31,16 @@ const char* TriggerKindName(TriggerKind kind) {
 using internal::FiredTrigger;
 using internal::StepSnapshot;
 
+namespace internal {
+// A capsule built at EndStep and waiting for the optimizer step (OptimizerProbe::AfterStep).
+struct PendingCapture {
+  v1::Capsule capsule;
+  std::optional<PrivateKey> key;
+  StepReport report;
+  std::string what;  // "NON_FINITE_LOSS at step 5"
+};
+}  // namespace internal
+
 struct Monitor::State {
   Model* model = nullptr;
   PathKind path = PathKind::kOptimized;
@@ -46,6 +56,9 @@ struct Monitor::State {
   v1::Identity identity;
   std::map<TriggerKind, int64_t> last_capture_step;
   std::set<TriggerKind> quiet_kinds;  // rate-limited kinds already reported in this window
+  std::deque<RunEvent> events;
+  OptimizerProbe* probe = nullptr;  // set while an OptimizerProbe is attached
+  std::optional<internal::PendingCapture> pending;
 };
 
 namespace {
@@ -115,7 +128,7 @@ FiredTrigger CheckTriggers(const MonitorOptions& options,
 Monitor::Monitor(MonitorOptions options)
     : options_(std::move(options)), state_(std::make_unique<State>()) {}
 
-Monitor::~Monitor() = default;
+Monitor::~Monitor() { Flush(); }
 
 void Monitor::AttachModel(Model* model, PathKind path) {
   state_->model = model;
@@ -158,6 +171,12 @@ void Monitor::Log(const std::string& line) {
   while (static_cast<int>(log.size()) > options_.log_lines) log.pop_front();
 }
 
+void Monitor::AddEvent(int64_t step, const std::string& kind, const std::string& detail) {
+  std::deque<RunEvent>& events = state_->events;
+  events.push_back({step, kind, detail});
+  while (events.size() > 64) events.pop_front();
+}
+
 void Monitor::Emit(const std::string& line) const {
   if (options_.log_sink) {
     options_.log_sink(line);
@@ -167,6 +186,7 @@ void Monitor::Emit(const std::string& line) const {
 }
 
 void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch& batch) {
+  if (state_->pending) Flush();
   if (!state_->snap) state_->snap.emplace();
   StepSnapshot& s = *state_->snap;
   s.step = step;
@@ -244,7 +264,8 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   const int64_t step = state_->snap ? state_->snap->step : 0;
   const std::string what =
       std::string(TriggerKindName(fired.kind)) + " at step " + std::to_string(step);
-  if (capsules_written_ + captures_failed_ >= options_.max_capsules) {
+  const int attempts = capsules_written_ + captures_failed_ + (state_->pending ? 1 : 0);
+  if (attempts >= options_.max_capsules) {
     report.rate_limited = true;
     report.summary = what + ": no capsule (limit of " + std::to_string(options_.max_capsules) +
                      " capture attempts per run reached: " + std::to_string(capsules_written_) +
@@ -281,6 +302,56 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   // Written or not, the attempt opens this kind's window: retrying at every later step would
   // re-run each of them and most likely fail the same way.
   state_->last_capture_step[fired.kind] = step;
+  if (s.ok() && report.pending) {
+    state_->pending->what = what;
+    state_->pending->report = report;
+    report.summary = what + ": capsule built; written after the optimizer step";
+    return report;
+  }
+  FinishReport(s, what, &report);
+  return report;
+}
+
+v1::Capsule* Monitor::PendingCapsule() {
+  return state_->pending ? &state_->pending->capsule : nullptr;
+}
+
+void Monitor::SetOptimizerProbe(OptimizerProbe* probe) { state_->probe = probe; }
+
+StepReport Monitor::Flush() {
+  if (!state_->pending) return {};
+  StepReport report;
+  try {
+    report = WritePending();
+  } catch (const std::exception& e) {
+    // Nothing may escape into the trainer (this also runs in the destructor).
+    report.triggered = true;
+    FinishReport(InternalError(std::string("capture failed: ") + e.what()), "pending capsule",
+                 &report);
+  }
+  return report;
+}
+
+StepReport Monitor::WritePending() {
+  internal::PendingCapture p = std::move(*state_->pending);
+  state_->pending.reset();
+  StepReport report = p.report;
+  report.pending = false;
+  if (!p.capsule.optimizer().observed_after()) {
+    p.capsule.add_capture_notes(
+        "optimizer: the step after the capture was not observed (OptimizerProbe::AfterStep was "
+        "not called before the next step)");
+  }
+  StatusOr<std::string> path =
+      internal::WriteCapturedCapsule(p.capsule, options_, p.key ? &*p.key : nullptr);
+  if (path.ok()) report.capsule_path = *path;
+  FinishReport(path.status(), p.what, &report);
+  return report;
+}
+
+void Monitor::FinishReport(const Status& s, const std::string& what, StepReport* out) {
+  StepReport& report = *out;
+  report.status = s;
   if (s.ok()) {
     ++capsules_written_;
     report.summary = what + ": wrote " + report.capsule_path;
@@ -290,12 +361,11 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   } else {
     ++captures_failed_;
     report.summary = what + ": capsule not written: " + s.message() + "; further " +
-                     TriggerKindName(fired.kind) + " triggers within " +
+                     TriggerKindName(report.trigger) + " triggers within " +
                      std::to_string(options_.min_steps_between_same_kind) + " steps are suppressed";
   }
   Emit("capsule: " + report.summary);
   Log("capsule: " + report.summary);
-  return report;
 }
 
 Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& message,
@@ -315,6 +385,7 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   context.identity = state_->identity;
   context.model = state_->model;
   context.path = state_->path;
+  context.events.assign(state_->events.begin(), state_->events.end());
 
   std::optional<ProbeResult> rerun;
   if (state_->model != nullptr && options_.rerun) {
@@ -327,6 +398,12 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   const v1::Capsule& c = built.capsule;
   report->rerun_reproduced = c.trigger().capture_rerun() == v1::RERUN_REPRODUCED;
   report->first_anomalous_layer = c.numerics().first_anomalous_layer();
+  if (state_->probe != nullptr) {
+    // The optimizer section comes from the trainer's own step, after this returns.
+    state_->pending = internal::PendingCapture{std::move(built.capsule), std::move(key), {}, ""};
+    report->pending = true;
+    return Status::Ok();
+  }
 
   CAPSULE_ASSIGN_OR_RETURN(report->capsule_path,
                            internal::WriteCapturedCapsule(c, options_, key ? &*key : nullptr));

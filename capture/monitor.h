@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "capsule/base/status.h"
+#include "capsule/format/capsule_fwd.h"
 #include "capsule/capture/spike_rule.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
@@ -42,7 +43,9 @@
 namespace capsule {
 namespace internal {
 struct FiredTrigger;
+struct PendingCapture;
 }  // namespace internal
+class OptimizerProbe;
 
 enum class WeightPolicy { kAll = 1, kAnomalousLayer = 2, kNone = 3 };  // = capsule.v1.WeightPolicy
 
@@ -113,13 +116,32 @@ struct DataCursor {
   std::string sampler_rng;  // name of a RegisterRng() RNG that drives sampling
 };
 
-// One step's batch: the tensors the model consumes plus what identifies the samples.
+// How the trainer reduces per-token losses to the step's loss (capsule.v1.LossReduction).
+enum class LossReduction { kUnspecified = 0, kTokenMean = 1, kTokenSum = 2, kSequenceMean = 3 };
+
+// What the trainer declares its loss to be; replay's objective stage holds the step to it.
+struct LossSpec {
+  LossReduction reduction = LossReduction::kUnspecified;  // unspecified: read as a token mean
+  // What the step's loss sum is divided by (a token mean: the target tokens of every micro-batch
+  // and rank); 0 when not declared.
+  double normalizer = 0;
+  int ranks = 0;  // data-parallel ranks the normaliser spans; 0 or 1: this rank alone
+  int64_t ignore_index = -100;
+};
+
+// One step's batch: the tensors the model consumes plus what identifies the samples. A step that
+// accumulates gradients over micro-batches passes all of them as one batch (sequences in order)
+// with `micro_batch_sizes`, so the capsule holds every micro-batch, not only the last.
 struct StepBatch {
   LayerBatch tensors;
   std::vector<std::string> raw_text;    // per sequence; optional
   std::vector<std::string> sample_ids;  // per sequence; optional
   int64_t micro_batch = 0;
   int64_t tokens_seen = 0;  // before this step
+  // Sequences in each micro-batch of the step, in order (summing to the batch size); empty: the
+  // step is one micro-batch.
+  std::vector<int64_t> micro_batch_sizes;
+  LossSpec loss;
 };
 
 // Scalars the trainer reports at EndStep. Missing values are simply not checked.
@@ -131,6 +153,13 @@ struct StepScalars {
   std::optional<double> learning_rate;
   std::optional<double> weight_decay;
   std::optional<double> loss_scale;
+};
+
+// A run event: something that changed the run at a step (capsule.v1.RunEvent).
+struct RunEvent {
+  int64_t step = 0;
+  std::string kind;  // "data_mixture", "context_length", "resume", ...
+  std::string detail;
 };
 
 // Files and texts that identify what the model was trained with; hashed once in SetIdentity.
@@ -154,6 +183,9 @@ struct StepReport {
   bool rate_limited = false;  // fired, but a rate limit suppressed the capsule
   std::string first_anomalous_layer;
   bool rerun_reproduced = false;
+  // Built, and waiting for the optimizer step (OptimizerProbe::AfterStep writes it and returns
+  // the final report).
+  bool pending = false;
 };
 
 class Monitor {
@@ -176,13 +208,20 @@ class Monitor {
   // Appends a line to the log ring stored in capsules.
   void Log(const std::string& line);
 
+  // A run event (data-mixture switch, context-length change, checkpoint resume) that capsules
+  // carry as an annotation of the run's history; the last 64 are kept.
+  void AddEvent(int64_t step, const std::string& kind, const std::string& detail = "");
+
   // Snapshots RNG states, the cursor and the batch. Call before the step's forward pass. Token ids,
   // labels and masks are copied (they are small); batch.tensors.inputs is kept by reference, so
-  // do not overwrite it in place before EndStep.
+  // do not overwrite it in place before EndStep. A capsule still waiting for an optimizer step
+  // that never came (OptimizerProbe::AfterStep not called) is written now, without it.
   void BeginStep(int64_t step, const DataCursor& cursor, const StepBatch& batch);
 
   // Records the scalars and runs the triggers; captures when one fires. Call before the optimizer
-  // updates the parameters.
+  // updates the parameters. With an OptimizerProbe attached the capsule is built here (the step
+  // re-run needs the parameters before the update) and written by OptimizerProbe::AfterStep, with
+  // the optimizer step in it: the report then says `pending`.
   StepReport EndStep(const StepScalars& scalars);
 
   // Captures the current step (after BeginStep) now, with trigger MANUAL and `reason`.
@@ -192,16 +231,29 @@ class Monitor {
   // message) and returns the report instead of letting the exception escape.
   StepReport RunStep(const std::function<void()>& step_fn);
 
+  // Writes a capsule still waiting for its optimizer step (also done by BeginStep and the
+  // destructor). Returns the report of that write; an empty report when none was waiting.
+  StepReport Flush();
+
   int capsules_written() const { return capsules_written_; }
   // Capture attempts that failed (each is counted against the rate limits too).
   int captures_failed() const { return captures_failed_; }
   const MonitorOptions& options() const { return options_; }
 
  private:
+  friend class OptimizerProbe;
   struct State;  // snapshot, history, log ring, RNGs, identity, rate-limit bookkeeping
   StepReport Capture(const internal::FiredTrigger& fired, const std::string& message);
   Status BuildAndWrite(const internal::FiredTrigger& fired, const std::string& message,
                        StepReport* report);
+  // Writes the pending capsule (OptimizerProbe fills its optimizer section first) and finishes
+  // its report: counts, summary, log line.
+  StepReport WritePending();
+  void FinishReport(const Status& s, const std::string& what, StepReport* report);
+  // For OptimizerProbe: the capsule waiting for the optimizer step (null when none), and
+  // attaching or detaching the probe.
+  v1::Capsule* PendingCapsule();
+  void SetOptimizerProbe(OptimizerProbe* probe);
   void Emit(const std::string& line) const;
 
   MonitorOptions options_;

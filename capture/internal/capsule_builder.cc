@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "capsule/base/printable.h"
@@ -115,6 +116,40 @@ Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
       if (b < (int64_t)snap.batch.sample_ids.size()) seq.set_sample_id(snap.batch.sample_ids[b]);
     }
   }
+  // Micro-batches: which one each sequence was in. Sizes that do not add up to the batch are the
+  // trainer's slip; the capsule keeps the batch and says so rather than recording a wrong split.
+  const std::vector<int64_t>& sizes = snap.batch.micro_batch_sizes;
+  int64_t total = 0;
+  bool sizes_ok = true;
+  for (int64_t n : sizes) {
+    sizes_ok &= n >= 0;
+    total += n;
+  }
+  if (!sizes.empty() && sizes_ok && total == data.sequences_size()) {
+    data.set_micro_batches(static_cast<int32_t>(sizes.size()));
+    int seq = 0;
+    for (size_t m = 0; m < sizes.size(); ++m) {
+      for (int64_t k = 0; k < sizes[m]; ++k) {
+        data.mutable_sequences(seq++)->set_micro_batch(static_cast<int32_t>(m));
+      }
+    }
+  } else if (!sizes.empty()) {
+    c.add_capture_notes("data.micro_batches: micro_batch_sizes add up to " +
+                        std::to_string(total) + ", not to the batch's " +
+                        std::to_string(data.sequences_size()) + " sequences; not recorded");
+  }
+  const LossSpec& loss = snap.batch.loss;
+  v1::Objective& obj = *c.mutable_objective();
+  obj.set_reduction(static_cast<v1::LossReduction>(loss.reduction));
+  if (std::isfinite(loss.normalizer) && loss.normalizer >= 0) {
+    obj.set_normalizer(loss.normalizer);
+  } else {
+    c.add_capture_notes("objective.normalizer: " + std::to_string(loss.normalizer) +
+                        " is not a count; not recorded");
+  }
+  obj.set_ranks(std::max(loss.ranks, 0));
+  obj.set_ignore_index(loss.ignore_index);
+
   const std::pair<const char*, const at::Tensor*> batch_tensors[] = {
       {"input_ids", &lb.input_ids},
       {"inputs", &lb.inputs},
@@ -297,6 +332,12 @@ StatusOr<BuiltCapsule> BuildCapsule(const StepSnapshot& snapshot, const ProbeRes
 
   if (context.model != nullptr) {
     CAPSULE_RETURN_IF_ERROR(FillModel(rerun, context, options, c, built.notes));
+  }
+  for (const RunEvent& e : context.events) {
+    v1::RunEvent& out = *c.add_events();
+    out.set_step(std::max<int64_t>(e.step, 0));
+    out.set_kind(e.kind.empty() ? "event" : e.kind);
+    out.set_detail(e.detail);
   }
   FillLog(context, options, built.notes, c);
   // Strings from outside (log lines, names, paths, config) that are not UTF-8 would make the

@@ -47,6 +47,7 @@ struct CaptureContext {
   v1::Identity identity;                                 // from SetIdentity
   Model* model = nullptr;                // not owned; null: no model, weights or per-layer sections
   PathKind path = PathKind::kOptimized;  // the path the trainer runs (and the re-run ran)
+  std::vector<RunEvent> events;          // Monitor::AddEvent, oldest first
 };
 
 struct BuiltCapsule {

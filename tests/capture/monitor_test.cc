@@ -101,7 +101,7 @@ struct Harness {
     }
     DataCursor cursor{cb.cursor.epoch, cb.cursor.shard, cb.cursor.offset, cb.cursor.sample_indices,
                       "sampler"};
-    StepBatch batch{cb.batch, cb.raw_text, {}, 0, step * 128};
+    StepBatch batch{cb.batch, cb.raw_text, {}, 0, step * 128, {}, {}};
     monitor.BeginStep(step, cursor, batch);
     optimizer->zero_grad();
     double loss = NAN;
@@ -471,7 +471,7 @@ TEST(NonDisturbance, CaptureLeavesParamsGradsAndRngUntouched) {
   // Step 3 by hand so the state right before EndStep can be saved.
   h.model->SetStep(3);
   CorpusBatch cb = h.loader->Next();
-  m.BeginStep(3, {}, StepBatch{cb.batch, cb.raw_text, {}, 0, 0});
+  m.BeginStep(3, {}, StepBatch{cb.batch, cb.raw_text, {}, 0, 0, {}, {}});
   h.optimizer->zero_grad();
   at::Tensor l = RunSequence(h.model->Path(PathKind::kOptimized), cb.batch);
   l.backward();
@@ -517,7 +517,7 @@ TEST(Snapshot, RerunWithDropoutIsBitIdentical) {
   Monitor m(QuietOptions(dir.path()));
   m.AttachModel(model.get(), PathKind::kOptimized);
   CorpusBatch cb = loader.Next();
-  m.BeginStep(0, {}, StepBatch{cb.batch, {}, {}, 0, 0});
+  m.BeginStep(0, {}, StepBatch{cb.batch, {}, {}, 0, 0, {}, {}});
   at::Tensor l = RunSequence(model->Path(PathKind::kOptimized), cb.batch);
   StepScalars s;
   s.loss = l.item<double>();

@@ -93,7 +93,7 @@ std::vector<v1::Capsule> Record(const FaultSpec& fault, int steps, int capture_a
     }
     DataCursor cursor{cb.cursor.epoch, cb.cursor.shard, cb.cursor.offset, cb.cursor.sample_indices,
                       "sampler"};
-    monitor.BeginStep(step, cursor, StepBatch{cb.batch, cb.raw_text, {}, 0, step * 128});
+    monitor.BeginStep(step, cursor, StepBatch{cb.batch, cb.raw_text, {}, 0, step * 128, {}, {}});
     optimizer.zero_grad();
     double loss = NAN;
     StepReport failed = monitor.RunStep([&] {
