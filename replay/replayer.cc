@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "capsule/base/printable.h"
 #include "capsule/base/strings.h"
@@ -82,6 +83,24 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
     report.add_warnings(msg);
   }
   return Status::Ok();
+}
+
+// Parameters the trainer had frozen (requires_grad false in the capsule) are frozen here too, so
+// the reference backward sees the graph the trainer's did.
+void ApplyFrozen(const v1::Capsule& c, Model& model) {
+  std::set<std::string> frozen;
+  for (const v1::TensorBlob& t : c.tensors()) {
+    if (t.role() == v1::PARAMETER && !t.meta().requires_grad()) frozen.insert(t.name());
+  }
+  for (const v1::ParamStep& p : c.optimizer().params()) {
+    if (!p.requires_grad()) frozen.insert(p.name());
+  }
+  for (const NamedTensor& p : model.NamedParameters()) {
+    if (frozen.count(p.first) != 0 && p.second.is_leaf()) {
+      at::Tensor t = p.second;
+      t.set_requires_grad(false);
+    }
+  }
 }
 
 Status RestoreRng(const v1::Capsule& c) {
@@ -364,6 +383,15 @@ void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayRepor
         "manual capture before the step reported its loss: nothing to compare (replayed "
         "loss " +
         show(replayed) + ")";
+  } else if (kind == TriggerKind::kManual && c.data().micro_batches() > 1) {
+    // The trainer's loss of an accumulated step is its own sum over micro-batches, which one
+    // forward pass over all of them equals only when the normalisation is right: the objective
+    // stage judges that, not fidelity.
+    fidelity = v1::NOT_CHECKED;
+    detail = "manual capture of a step accumulated over " +
+             std::to_string(c.data().micro_batches()) +
+             " micro-batches: the trainer's loss " + show(captured) +
+             " is judged by the objective stage (one pass over the batch: " + show(replayed) + ")";
   }
   report.set_fidelity(fidelity);
   report.set_fidelity_detail(detail);
@@ -406,6 +434,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                            registry.Create({c.model().registry_name(), c.model().config_json()}));
   CAPSULE_RETURN_IF_ERROR(LoadWeights(c, options, *model, report));
+  ApplyFrozen(c, *model);
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatch(c));
   batch.training = true;
 
@@ -453,6 +482,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
     *report.add_stages() = internal::RunDataStage(triage);
     *report.add_stages() = internal::RunObjectiveStage(triage);
     *report.add_stages() = internal::RunGradientsStage(triage);
+    *report.add_stages() = internal::RunOptimizerStage(c);
   }
 
   // 4. Numerics: layerwise.

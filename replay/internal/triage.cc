@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct Tokens {
   at::Tensor valid;     // [B, T'] a target: label != -100, inside the vocabulary, loss mask set
   at::Tensor oov;       // [B, T'] a label outside [0, V) that is not -100
   at::Tensor any;       // [B, T'] label != -100, ignoring the loss mask
+  at::Tensor padded;    // [B, T'] the predicting position is padding (attention_mask == 0)
   int64_t vocab = 0;
 };
 
@@ -46,13 +48,18 @@ Tokens Align(const TriageInput& in, bool shifted) {
   at::Tensor scores = in.logits.to(at::kDouble);
   at::Tensor labels = b.labels;
   at::Tensor mask = b.loss_mask;
+  at::Tensor attention = b.attention_mask;
   if (!shifted) {
     const int64_t t = scores.size(1);
     scores = scores.slice(1, 0, t - 1);
     labels = labels.slice(1, 1, t);
     if (mask.defined()) mask = mask.slice(1, 1, t);
+    if (attention.defined()) attention = attention.slice(1, 0, t - 1);
   }
   Tokens out;
+  out.padded = attention.defined() && attention.sizes() == labels.sizes()
+                   ? attention.eq(0)
+                   : at::zeros(labels.sizes(), labels.options().dtype(at::kBool));
   out.vocab = scores.size(2);
   const at::Tensor has_target = labels.ne(-100);
   out.oov = has_target.logical_and(labels.lt(0).logical_or(labels.ge(out.vocab)));
@@ -117,7 +124,11 @@ bool StartStage(v1::Stage stage, const TriageInput& in, v1::StageReport* r) {
 v1::StageReport RunDataStage(const TriageInput& in) {
   v1::StageReport r;
   if (!StartStage(v1::STAGE_DATA, in, &r)) return r;
-  const Tokens t = Align(in, in.batch->labels_shifted);
+  Tokens t = Align(in, in.batch->labels_shifted);
+  // The data stage judges the real tokens: targets predicted from padding are the objective's
+  // business (objective.padding_in_loss).
+  t.valid = t.valid.logical_and(t.padded.logical_not());
+  t.loss = t.loss * t.valid.to(at::kDouble);
   const double log_v = std::log(static_cast<double>(t.vocab));
   const int64_t batch = t.loss.size(0);
   const at::Tensor high = t.valid.logical_and(t.loss.ge(log_v));
@@ -230,6 +241,17 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
                              : std::string(" (a shifted copy would make it about 100%)")));
     }
   }
+  // Padding that carries a target: the loss learns to predict from pad positions.
+  if (b.attention_mask.defined()) {
+    const double n_valid = t.valid.sum().item<double>();
+    const double n_pad = t.valid.logical_and(t.padded).sum().item<double>();
+    AddFinding(r, "objective.padding_in_loss", n_pad > 0, n_pad, 0,
+               n_pad > 0 ? Num(n_pad) + " of the " + Num(n_valid) +
+                               " target tokens are predicted from padding (attention_mask 0): "
+                               "padding is counted in the loss; its labels should be -100 or "
+                               "its loss mask 0"
+                         : "no target token is predicted from padding");
+  }
   const bool labels_explain = r.explains();
   const double numerator = t.loss.sum().item<double>();
   const double denominator = t.valid.sum().item<double>();
@@ -238,7 +260,28 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
     r.set_ran(false);
     return r;
   }
-  const double hand = numerator / denominator;
+  // Per-sequence and per-micro-batch sums and counts.
+  const at::Tensor seq_sum = t.loss.sum(1);
+  const at::Tensor seq_n = t.valid.sum(1).to(at::kDouble);
+  double seq_mean_sum = 0;
+  int seq_count = 0;
+  for (int64_t s = 0; s < seq_sum.size(0); ++s) {
+    const double nb = seq_n[s].item<double>();
+    if (nb == 0) continue;
+    seq_mean_sum += seq_sum[s].item<double>() / nb;
+    ++seq_count;
+  }
+  const double token_mean = numerator / denominator;
+  const double sequence_mean = seq_count > 0 ? seq_mean_sum / seq_count : token_mean;
+  const v1::Objective* declared_obj = in.capsule != nullptr ? &in.capsule->objective() : nullptr;
+  const v1::LossReduction declared =
+      declared_obj != nullptr ? declared_obj->reduction() : v1::LOSS_REDUCTION_UNSPECIFIED;
+  const double hand = declared == v1::TOKEN_SUM       ? numerator
+                      : declared == v1::SEQUENCE_MEAN ? sequence_mean
+                                                      : token_mean;
+  const std::string hand_name = declared == v1::TOKEN_SUM       ? "token-sum"
+                                : declared == v1::SEQUENCE_MEAN ? "per-sequence-mean"
+                                                                : "token-mean";
   const double model = in.model_loss;
   auto rel = [](double a, double b) {
     return std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-300});
@@ -247,11 +290,68 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
   const bool matches = err <= kLossMatchRelTol;
   AddFinding(r, "objective.loss_matches", !matches, err, kLossMatchRelTol,
              "the model's loss " + FormatSignificant(model, 9) +
-                 (matches ? " equals" : " differs from") +
-                 " a hand-written FP64 token-mean cross-entropy " + FormatSignificant(hand, 9) +
-                 " (" + FormatSignificant(numerator, 9) + " over " +
+                 (matches ? " equals" : " differs from") + " a hand-written FP64 " + hand_name +
+                 " cross-entropy " + FormatSignificant(hand, 9) + " (" +
+                 FormatSignificant(numerator, 9) + " over " +
                  std::to_string(static_cast<int64_t>(denominator)) +
-                 " target tokens; relative error " + FormatSignificant(err, 3) + ")");
+                 " target tokens; relative error " + FormatSignificant(err, 3) +
+                 (declared == v1::LOSS_REDUCTION_UNSPECIFIED
+                      ? "; the trainer declared no reduction, read as a token mean)"
+                      : ")"));
+  // The normaliser the trainer declares against the step's target tokens (on this rank alone:
+  // a normaliser over ranks cannot be counted here).
+  if (declared_obj != nullptr && declared_obj->normalizer() > 0 && declared_obj->ranks() <= 1 &&
+      (declared == v1::TOKEN_MEAN || declared == v1::LOSS_REDUCTION_UNSPECIFIED)) {
+    const double n = declared_obj->normalizer();
+    const bool wrong = std::abs(n - denominator) > 0.5;
+    AddFinding(r, "objective.normalizer", wrong, n, denominator,
+               "the trainer divides by " + Num(n) + (wrong ? ", but" : ", and") + " the step has " +
+                   std::to_string(static_cast<int64_t>(denominator)) + " target tokens" +
+                   (wrong ? ": the normaliser counts something else (padding, a stale or "
+                            "nominal batch size)"
+                          : ""));
+  }
+  // An accumulated step: the trainer's loss over every micro-batch against the declared
+  // reduction. It is computed in the trainer's precision, so the tolerance is FP32's; a mismatch
+  // counts only when a known normalisation explains it (the numerics stage may explain the rest).
+  if (in.capsule != nullptr && in.capsule->data().micro_batches() > 1 &&
+      in.capsule->data().sequences_size() == seq_sum.size(0)) {
+    std::optional<double> trainer;
+    for (const auto& h : in.capsule->step().history()) {
+      if (h.step() == in.capsule->step().global_step() && h.has_loss()) trainer = h.loss();
+    }
+    const int k = in.capsule->data().micro_batches();
+    std::vector<double> mb_sum(k), mb_n(k);
+    for (int64_t s = 0; s < seq_sum.size(0); ++s) {
+      const int m = in.capsule->data().sequences(static_cast<int>(s)).micro_batch();
+      mb_sum[m] += seq_sum[s].item<double>();
+      mb_n[m] += seq_n[s].item<double>();
+    }
+    double mean_of_means = 0;
+    for (int m = 0; m < k; ++m) mean_of_means += mb_n[m] > 0 ? mb_sum[m] / mb_n[m] / k : 0;
+    if (trainer && std::isfinite(*trainer)) {
+      const double e = rel(*trainer, hand);
+      const bool ok = e <= kTrainerLossRelTol;
+      const double e_means = rel(*trainer, mean_of_means);
+      const bool means = !ok && e_means <= kTrainerLossRelTol;
+      AddFinding(r, means ? "objective.accumulation_mean_of_means" : "objective.trainer_loss",
+                 means, means ? e_means : e, kTrainerLossRelTol,
+                 "the trainer's loss over " + std::to_string(k) + " micro-batches is " +
+                     FormatSignificant(*trainer, 9) +
+                     (ok ? ", the declared " + hand_name + " " + FormatSignificant(hand, 9)
+                         : means ? ", the mean of the micro-batches' token means (" +
+                                       FormatSignificant(mean_of_means, 9) +
+                                       "), not the step's token mean " +
+                                       FormatSignificant(hand, 9) +
+                                       ": each micro-batch was divided by the number of "
+                                       "micro-batches instead of the step's target tokens, so "
+                                       "tokens in short micro-batches weigh more"
+                                 : ", not the declared " + hand_name + " " +
+                                       FormatSignificant(hand, 9) + " (relative error " +
+                                       FormatSignificant(e, 3) +
+                                       ") nor the mean of micro-batch means"));
+    }
+  }
   if (matches || labels_explain) return r;
 
   // What the model computed instead: the variants whose value it equals.
@@ -261,23 +361,21 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
     std::string why;
   };
   std::vector<Variant> variants;
-  variants.push_back({"objective.reduction_sum", numerator,
-                      "the loss is the token sum, not the mean (it was not divided by the " +
-                          std::to_string(static_cast<int64_t>(denominator)) + " target tokens)"});
-  {
-    double sum = 0;
-    int count = 0;
-    for (int64_t b = 0; b < t.loss.size(0); ++b) {
-      const double nb = t.valid[b].sum().item<double>();
-      if (nb == 0) continue;
-      sum += t.loss[b].sum().item<double>() / nb;
-      ++count;
-    }
-    if (count > 0) {
-      variants.push_back({"objective.reduction_sequence_mean", sum / count,
-                          "the loss is a mean of per-sequence means, not a token mean: long and "
-                          "short samples weigh the same"});
-    }
+  if (declared != v1::TOKEN_SUM) {
+    variants.push_back({"objective.reduction_sum", numerator,
+                        "the loss is the token sum, not the declared " + hand_name +
+                            " (it was not divided by the " +
+                            std::to_string(static_cast<int64_t>(denominator)) +
+                            " target tokens)"});
+  }
+  if (declared != v1::SEQUENCE_MEAN && seq_count > 0) {
+    variants.push_back({"objective.reduction_sequence_mean", sequence_mean,
+                        "the loss is a mean of per-sequence means, not a token mean: long and "
+                        "short samples weigh the same"});
+  }
+  if (declared == v1::TOKEN_SUM || declared == v1::SEQUENCE_MEAN) {
+    variants.push_back({"objective.reduction_token_mean", token_mean,
+                        "the loss is the token mean, not the declared " + hand_name});
   }
   {
     const Tokens other = Align(in, !shifted);

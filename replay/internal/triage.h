@@ -44,6 +44,11 @@ inline constexpr double kLearnedFractionOfLogV = 0.75;
 // FP64 over the same logits: clean runs differ by about 1e-15).
 inline constexpr double kLossMatchRelTol = 1e-6;
 
+// The trainer's own loss of an accumulated step (computed in its precision: FP32 here; clean
+// tiny_gpt runs stay within 1e-7, README "Triage")
+// against the declared reduction over every micro-batch.
+inline constexpr double kTrainerLossRelTol = 1e-5;
+
 // Labels that equal the inputs (declared shifted) or the next inputs (declared unshifted) at this
 // fraction of the targets were not shifted by one, or shifted twice (clean text: a few percent).
 inline constexpr double kLabelsEqualInputsFraction = 0.5;
@@ -53,6 +58,20 @@ v1::StageReport RunObjectiveStage(const TriageInput& in);
 // Parameters that require grad but get none, or an exactly-zero one (the loss does not reach
 // them: a stray detach(), a branch left out of the graph), by layer; per-layer norms ranked.
 v1::StageReport RunGradientsStage(const TriageInput& in);
+
+// The optimizer step the capsule recorded (capsule.v1.OptimizerStep), redone with a hand-written
+// FP64 Adam/AdamW from the recorded state and compared with what the trainer's step did: a step
+// on non-finite gradients, frozen parameters that moved, weight decay on parameters the
+// configuration exempts, an lr other than the schedule's, gradients above the clip threshold, and
+// an update that is not the declared optimizer's (optimizer_stage.cc).
+v1::StageReport RunOptimizerStage(const v1::Capsule& c);
+
+// Element bounds of the optimizer comparison: the trainer's parameter after the step may differ
+// from the FP64 one by kOptimizerUlps FP32 units in the last place of the parameter, plus this
+// fraction of the update; each moment by this fraction of its terms.
+inline constexpr double kOptimizerParamUlps = 4;
+inline constexpr double kOptimizerUpdateRelTol = 1e-3;
+inline constexpr double kOptimizerMomentRelTol = 1e-5;
 
 }  // namespace capsule::internal
 
