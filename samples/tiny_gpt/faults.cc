@@ -10,7 +10,7 @@
 namespace capsule::tiny_gpt {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, const char*>, 11> kKindNames = {{
+constexpr std::array<std::pair<FaultKind, const char*>, 16> kKindNames = {{
     {FaultKind::kNone, "none"},
     {FaultKind::kNan, "nan"},
     {FaultKind::kSoftmaxOverflow, "softmax-overflow"},
@@ -22,11 +22,18 @@ constexpr std::array<std::pair<FaultKind, const char*>, 11> kKindNames = {{
     {FaultKind::kLabelsUnshifted, "labels-unshifted"},
     {FaultKind::kBadBatch, "bad-batch"},
     {FaultKind::kDisconnected, "disconnected"},
+    {FaultKind::kPadInLoss, "pad-in-loss"},
+    {FaultKind::kAccumScale, "accum-scale"},
+    {FaultKind::kFrozenUpdated, "frozen-updated"},
+    {FaultKind::kDecayOnNorm, "decay-on-norm"},
+    {FaultKind::kStepOnOverflow, "step-on-overflow"},
 }};
 
 bool KindNeedsLayer(FaultKind kind) {
   return kind != FaultKind::kNone && kind != FaultKind::kBadData && kind != FaultKind::kBadBatch &&
-         kind != FaultKind::kLossSum && kind != FaultKind::kLabelsUnshifted;
+         kind != FaultKind::kLossSum && kind != FaultKind::kLabelsUnshifted &&
+         kind != FaultKind::kPadInLoss && kind != FaultKind::kAccumScale &&
+         kind != FaultKind::kDecayOnNorm;
 }
 
 }  // namespace
@@ -45,7 +52,8 @@ StatusOr<FaultKind> ParseFaultKind(std::string_view name) {
   return InvalidArgumentError(
       "tiny_gpt: unknown fault kind '" + std::string(name) +
       "' (use none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
-      "loss-sum, labels-unshifted or disconnected)");
+      "loss-sum, labels-unshifted, disconnected, pad-in-loss, accum-scale, frozen-updated, "
+      "decay-on-norm or step-on-overflow)");
 }
 
 std::string FaultSpec::ToString() const {
@@ -95,6 +103,11 @@ void CorruptBatch(LayerBatch& batch, bool every_sample) {
   at::Tensor row = every_sample ? labels : labels[kCorruptSample];
   row.copy_(at::where(row.eq(-100), row, at::bitwise_xor(row, 0x80)));
   batch.labels = labels;
+}
+
+bool TrainerFaultActive(const FaultSpec& fault, FaultKind kind, int64_t step) {
+  if (fault.kind != kind) return false;
+  return kind == FaultKind::kStepOnOverflow ? step == fault.from_step : step >= fault.from_step;
 }
 
 bool FaultUnshiftsLabels(const FaultSpec& fault, int64_t step) {

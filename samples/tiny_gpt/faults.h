@@ -19,8 +19,18 @@
 //   labels-unshifted  an objective fault in the data pipeline: from the step on, the labels are
 //                     the input ids themselves, not shifted by one (UnshiftLabels)
 //   transient         a NaN like `nan`, but only on the first execution of that one step (a
-//   simulated
-//                     hardware fault: re-running the step does not reproduce it)
+//                     simulated hardware fault: re-running the step does not reproduce it)
+// The trainer's own faults (train_main.cc), from the step on; the model is unchanged by them:
+//   pad-in-loss       padded positions keep a label (the pad id) and loss mask 1, so padding is
+//                     counted in the loss (the trainer pads its batches with this fault)
+//   accum-scale       gradient accumulation divides each micro-batch's token mean by the number
+//                     of micro-batches instead of weighing it by its share of the step's tokens
+//   frozen-updated    the layer's parameters are frozen (requires_grad false) but left in the
+//                     optimizer, whose momentum and weight decay still move them
+//   decay-on-norm     AdamW's decay group also holds the layer norms' weights, which the
+//                     configuration exempts from weight decay
+//   step-on-overflow  the layer's kernel writes NaN at that one step (like `nan`), and the
+//                     trainer runs the optimizer step anyway instead of skipping it
 //
 //   CAPSULE_ASSIGN_OR_RETURN(FaultSpec fault, ParseFaultSpec("tail-block:blocks.2@10"));
 //   CAPSULE_RETURN_IF_ERROR(model->SetFault(fault));
@@ -50,11 +60,17 @@ enum class FaultKind {
   kLossSum,
   kLabelsUnshifted,
   kBadBatch,
-  kDisconnected
+  kDisconnected,
+  kPadInLoss,
+  kAccumScale,
+  kFrozenUpdated,
+  kDecayOnNorm,
+  kStepOnOverflow
 };
 
 // "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient", "loss-sum",
-// "labels-unshifted", "bad-batch", "disconnected".
+// "labels-unshifted", "bad-batch", "disconnected", "pad-in-loss", "accum-scale",
+// "frozen-updated", "decay-on-norm", "step-on-overflow".
 const char* FaultKindName(FaultKind kind);
 StatusOr<FaultKind> ParseFaultKind(std::string_view name);
 
@@ -96,6 +112,10 @@ inline constexpr int64_t kCorruptSample = 0;
 // paths. Ignored labels (-100) stay ignored. Deterministic given the batch.
 // With `every_sample` (bad-batch), all samples are corrupted alike.
 void CorruptBatch(LayerBatch& batch, bool every_sample = false);
+
+// True when `fault` is of `kind` and active at `step` (from its step on; step-on-overflow: at
+// that step only).
+bool TrainerFaultActive(const FaultSpec& fault, FaultKind kind, int64_t step);
 
 // True when `fault` is a labels-unshifted fault active at this step.
 bool FaultUnshiftsLabels(const FaultSpec& fault, int64_t step);

@@ -179,8 +179,9 @@ class TinyGpt::OptimizedPath : public LayerSequence {
                 ")");
     CheckSingleInput(inputs, c.layer_name(layer));
     // A transient fault is consumed here, once, whichever layer it names.
-    const bool poison =
-        m_.FaultFires(FaultKind::kNan, layer) || m_.FaultFires(FaultKind::kTransient, layer);
+    const bool poison = m_.FaultFires(FaultKind::kNan, layer) ||
+                        m_.FaultFires(FaultKind::kTransient, layer) ||
+                        m_.FaultActive(FaultKind::kStepOnOverflow, layer);
     const bool wrong_eps = m_.FaultActive(FaultKind::kEps, layer);
     const double eps = wrong_eps ? kFaultyLayerNormEps : c.layer_norm_eps;
 
@@ -377,6 +378,7 @@ bool TinyGpt::FaultActive(FaultKind kind, int64_t layer) {
   }
   if (config_.layer_index(f.layer) != layer) return false;
   if (kind == FaultKind::kTransient) return transient_armed_ && step_ == f.from_step;
+  if (kind == FaultKind::kStepOnOverflow) return step_ == f.from_step;
   return step_ >= f.from_step;
 }
 

@@ -76,9 +76,14 @@ Status TinyGptConfig::Validate() const {
     case FaultKind::kLossSum:
     case FaultKind::kLabelsUnshifted:
     case FaultKind::kBadBatch:
+    case FaultKind::kPadInLoss:
+    case FaultKind::kAccumScale:
+    case FaultKind::kDecayOnNorm:
       return Status::Ok();
     case FaultKind::kNan:
     case FaultKind::kTransient:
+    case FaultKind::kStepOnOverflow:
+    case FaultKind::kFrozenUpdated:
       if (layer_index(layer) < 0) {
         return ConfigError("fault " + kind + " names unknown layer '" + layer +
                            "' (use embed, blocks.0-" + std::to_string(n_layers - 1) +

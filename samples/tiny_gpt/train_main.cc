@@ -7,15 +7,17 @@
 //   capsule-tiny-gpt replay capsules/tiny-step5-rank0-non-finite-loss.capsule --pubkey demo.pub
 //                    --bisect
 #include <ATen/Parallel.h>
-#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <random>
 
 #include "capsule/capture/monitor.h"
+#include "capsule/capture/optimizer_probe.h"
 #include "capsule/cli/cli.h"
 #include "capsule/replay/model_registry.h"
 #include "samples/tiny_gpt/corpus_loader.h"
@@ -34,6 +36,14 @@ struct TrainOptions {
   int threads = 1;
   int64_t batch_size = 8;
   double lr = 3e-3;
+  // AdamW's weight decay on matrices and embeddings; biases and layer-norm weights are exempt
+  // (the usual rule: no decay on parameters with fewer than two dimensions).
+  double weight_decay = 0;
+  // Micro-batches per step (gradient accumulation), each of batch_size sequences.
+  int64_t accum = 1;
+  // Pads each sequence to seq_len after a random length in [seq_len / 4, seq_len], with pad id 0,
+  // attention and loss masks 0 and label -100 on the padding.
+  bool pad = false;
   std::string capsule_dir = "capsules";
   std::string key;
   std::string run_name = "tiny";
@@ -53,6 +63,55 @@ double GlobalGradNorm(const std::vector<at::Tensor>& params) {
     if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
   }
   return std::sqrt(sq);
+}
+
+bool DecayExempt(const std::string&, const at::Tensor& p) { return p.dim() < 2; }
+
+// Right-pads every sequence of `b` after a length drawn from `rng`. With `pad_in_loss` (the
+// pad-in-loss fault) padding keeps a label and loss mask 1.
+void PadBatch(LayerBatch& b, std::mt19937_64& rng, bool pad_in_loss) {
+  const int64_t t = b.input_ids.size(1);
+  std::uniform_int_distribution<int64_t> length(std::max<int64_t>(1, t / 4), t);
+  b.input_ids = b.input_ids.clone();
+  b.labels = b.labels.clone();
+  b.attention_mask = at::ones_like(b.input_ids);
+  b.loss_mask = at::ones_like(b.input_ids);
+  for (int64_t i = 0; i < b.input_ids.size(0); ++i) {
+    const int64_t n = length(rng);
+    if (n == t) continue;
+    b.input_ids[i].slice(0, n).fill_(0);
+    b.attention_mask[i].slice(0, n).fill_(0);
+    b.labels[i].slice(0, n).fill_(pad_in_loss ? 0 : -100);
+    if (!pad_in_loss) b.loss_mask[i].slice(0, n).fill_(0);
+  }
+}
+
+int64_t TargetTokens(const LayerBatch& b) {
+  at::Tensor valid = b.labels.ne(-100);
+  if (b.loss_mask.defined()) valid = valid.logical_and(b.loss_mask.ne(0));
+  return valid.sum().item<int64_t>();
+}
+
+// The sequences of several micro-batches as one batch, in order.
+CorpusBatch Concat(const std::vector<CorpusBatch>& parts) {
+  CorpusBatch out = parts.at(0);
+  if (parts.size() == 1) return out;
+  auto cat = [&](at::Tensor LayerBatch::*field) {
+    std::vector<at::Tensor> ts;
+    for (const CorpusBatch& p : parts) ts.push_back(p.batch.*field);
+    out.batch.*field = ts[0].defined() ? at::cat(ts, 0) : at::Tensor();
+  };
+  cat(&LayerBatch::input_ids);
+  cat(&LayerBatch::labels);
+  cat(&LayerBatch::attention_mask);
+  cat(&LayerBatch::loss_mask);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    out.raw_text.insert(out.raw_text.end(), parts[i].raw_text.begin(), parts[i].raw_text.end());
+    out.cursor.sample_indices.insert(out.cursor.sample_indices.end(),
+                                     parts[i].cursor.sample_indices.begin(),
+                                     parts[i].cursor.sample_indices.end());
+  }
+  return out;
 }
 
 int RunTrain(const TrainOptions& o) {
@@ -78,8 +137,31 @@ int RunTrain(const TrainOptions& o) {
     return 2;
   }
   CorpusLoader& loader = *loader_or;
+  if (config.fault.kind == FaultKind::kAccumScale && o.accum < 2) {
+    std::cerr << "capsule-tiny-gpt: --inject accum-scale needs --accum 2 or more\n";
+    return 2;
+  }
+  // Without padding every micro-batch has the same token count and the accumulation fault has
+  // nothing to weigh wrongly; pad-in-loss needs padding to count.
+  const bool pad = o.pad || config.fault.kind == FaultKind::kAccumScale ||
+                   config.fault.kind == FaultKind::kPadInLoss;
   std::vector<at::Tensor> params = model.parameters();
-  torch::optim::Adam optimizer(params, torch::optim::AdamOptions(o.lr));
+  // Two AdamW groups: decay on matrices and embeddings, none on biases and norm weights. The
+  // decay-on-norm fault puts the norm weights in the decay group.
+  std::vector<at::Tensor> decay, no_decay;
+  for (const NamedTensor& p : model.NamedParameters()) {
+    const bool norm_weight = p.first.find("ln") != std::string::npos &&
+                             p.first.size() > 7 &&
+                             p.first.compare(p.first.size() - 7, 7, ".weight") == 0;
+    const bool faulty = config.fault.kind == FaultKind::kDecayOnNorm && norm_weight;
+    (DecayExempt(p.first, p.second) && !faulty ? no_decay : decay).push_back(p.second);
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(o.lr).weight_decay(0)));
+  torch::optim::AdamW optimizer(std::move(groups), torch::optim::AdamWOptions(o.lr));
 
   MonitorOptions mo;
   mo.capsule_dir = o.capsule_dir;
@@ -98,6 +180,10 @@ int RunTrain(const TrainOptions& o) {
   (void)monitor.SetIdentity(identity);  // failures are logged by the Monitor; training goes on
   monitor.RegisterRng(
       "sampler", [&loader] { return loader.SaveRngState(); }, o.seed);
+  OptimizerProbeOptions po;
+  po.decay_exempt = DecayExempt;
+  OptimizerProbe probe(monitor, optimizer, model.NamedParameters(), po);
+  std::mt19937_64 pad_rng(o.seed * 1000003 + 17);
 
   LayerSequence& path = model.Path(PathKind::kOptimized);
   int64_t tokens_seen = 0;
@@ -114,33 +200,82 @@ int RunTrain(const TrainOptions& o) {
   }
   for (int64_t step = 0; step < o.steps; ++step) {
     model.SetStep(step);
-    CorpusBatch cb = loader.Next();
-    if (FaultCorruptsBatch(config.fault, step)) {
-      CorruptBatch(cb.batch, config.fault.kind == FaultKind::kBadBatch);
+    if (TrainerFaultActive(config.fault, FaultKind::kFrozenUpdated, step)) {
+      // Frozen from here on, but left in the optimizer: its zeroed gradients still step.
+      const int64_t layer = config.layer_index(config.fault.layer);
+      for (const NamedTensor& p : model.Path(PathKind::kOptimized).LayerParameters(layer)) {
+        at::Tensor t = p.second;
+        t.set_requires_grad(false);
+      }
     }
-    if (FaultUnshiftsLabels(config.fault, step)) UnshiftLabels(cb.batch);
+    std::vector<CorpusBatch> micro;
+    for (int64_t k = 0; k < o.accum; ++k) {
+      CorpusBatch cb = loader.Next();
+      if (FaultCorruptsBatch(config.fault, step) && k == 0) {
+        CorruptBatch(cb.batch, config.fault.kind == FaultKind::kBadBatch);
+      }
+      if (FaultUnshiftsLabels(config.fault, step)) UnshiftLabels(cb.batch);
+      if (pad) {
+        PadBatch(cb.batch, pad_rng,
+                 TrainerFaultActive(config.fault, FaultKind::kPadInLoss, step));
+      }
+      micro.push_back(std::move(cb));
+    }
+    const CorpusBatch cb = Concat(micro);
     capsule::DataCursor cursor{cb.cursor.epoch, cb.cursor.shard, cb.cursor.offset,
                                cb.cursor.sample_indices, "sampler"};
-    StepBatch batch{cb.batch, cb.raw_text, {}, 0, tokens_seen};
+    StepBatch batch{cb.batch, cb.raw_text, {}, 0, tokens_seen, {}, {}};
     for (int64_t i : cb.cursor.sample_indices)
       batch.sample_ids.push_back("byte:" + std::to_string(i));
+    int64_t step_tokens = 0;
+    for (const CorpusBatch& m : micro) {
+      batch.micro_batch_sizes.push_back(m.batch.input_ids.size(0));
+      step_tokens += TargetTokens(m.batch);
+    }
+    if (o.accum == 1) batch.micro_batch_sizes.clear();
+    batch.loss = {LossReduction::kTokenMean, static_cast<double>(step_tokens), 1, -100};
     monitor.BeginStep(step, cursor, batch);
 
     optimizer.zero_grad();
     double loss = NAN;
+    const bool accum_scale = TrainerFaultActive(config.fault, FaultKind::kAccumScale, step);
     StepReport failed = monitor.RunStep([&] {
-      at::Tensor l = RunSequence(path, cb.batch);
-      l.backward();
-      loss = l.item<double>();
+      // Each micro-batch's token mean, weighed by its share of the step's target tokens, so the
+      // step's loss and gradient are the token mean over all of them (the accum-scale fault
+      // divides by the number of micro-batches instead).
+      double total = 0;
+      for (const CorpusBatch& m : micro) {
+        const double share =
+            accum_scale ? 1.0 / static_cast<double>(micro.size())
+                        : static_cast<double>(TargetTokens(m.batch)) /
+                              static_cast<double>(std::max<int64_t>(step_tokens, 1));
+        at::Tensor l = RunSequence(path, m.batch) * share;
+        l.backward();
+        total += l.item<double>();
+      }
+      loss = total;
     });
     const double grad_norm = GlobalGradNorm(params);
     StepScalars scalars;
     scalars.loss = loss;
     scalars.grad_norm = grad_norm;
     scalars.learning_rate = o.lr;
+    scalars.weight_decay = o.weight_decay;
     StepReport report = failed.triggered ? failed : monitor.EndStep(scalars);
     if (step == o.capture_at_step)
       report = monitor.CaptureNow("--capture-at-step " + std::to_string(step));
+    // Like a mixed-precision loss scaler, skip the update of a step with non-finite numbers so
+    // the weights stay usable and training goes on (the step-on-overflow fault steps anyway).
+    const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+    OptimizerStepInfo info;
+    info.found_inf = !finite;
+    info.order = {"finite_check", "step"};
+    probe.BeforeStep(info);
+    if (finite || TrainerFaultActive(config.fault, FaultKind::kStepOnOverflow, step)) {
+      optimizer.step();
+    }
+    StepReport written = probe.AfterStep();
+    if (written.triggered) report = written;
     char line[160];
     std::snprintf(line, sizeof(line), "step %3lld  loss %.4f  grad_norm %.4f",
                   static_cast<long long>(step), loss, grad_norm);
@@ -159,9 +294,6 @@ int RunTrain(const TrainOptions& o) {
       if (!report.rate_limited || !said_rate_limited) std::cout << "  " << report.summary << "\n";
       said_rate_limited |= report.rate_limited;
     }
-    // Like a mixed-precision loss scaler, skip the update of a step with non-finite numbers so
-    // the weights stay usable and training goes on.
-    if (std::isfinite(loss) && std::isfinite(grad_norm)) optimizer.step();
     tokens_seen += cb.batch.input_ids.numel();
   }
   std::cout << "trained " << o.steps << " steps; " << triggers << " trigger(s), "
@@ -198,7 +330,14 @@ int main(int argc, char** argv) {
   train->add_option("--threads", o.threads, "Intra-op threads")->check(CLI::Range(1, 256));
   train->add_option("--batch-size", o.batch_size, "Sequences per batch")
       ->check(CLI::PositiveNumber);
-  train->add_option("--lr", o.lr, "Adam learning rate");
+  train->add_option("--lr", o.lr, "AdamW learning rate");
+  train->add_option("--weight-decay", o.weight_decay,
+                    "AdamW weight decay (not on biases and layer-norm weights)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--accum", o.accum, "Micro-batches per step (gradient accumulation)")
+      ->check(CLI::Range(1, 64));
+  train->add_flag("--pad", o.pad,
+                  "Pad sequences after a random length (attention and loss masks, label -100)");
   train->add_option("--capsule-dir", o.capsule_dir, "Where capsules are written");
   train->add_option("--key", o.key, "Ed25519 private key (PEM, mode 0600) to sign capsules");
   train->add_option("--run-name", o.run_name, "Run name used in capsule file names");
@@ -207,7 +346,8 @@ int main(int argc, char** argv) {
   train->add_option(
       "--inject", o.inject,
       "Fault: none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
-      "loss-sum, labels-unshifted, disconnected");
+      "loss-sum, labels-unshifted, disconnected, pad-in-loss, accum-scale, frozen-updated, "
+      "decay-on-norm, step-on-overflow");
   train->add_option("--inject-layer", o.inject_layer, "Layer of the fault, e.g. blocks.2");
   train->add_option("--inject-step", o.inject_step, "First step of the fault")
       ->check(CLI::NonNegativeNumber);
