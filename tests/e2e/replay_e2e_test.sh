@@ -137,6 +137,51 @@ for cfg in "blocks.1 12 1" "blocks.3 40 2"; do
   echo "ok: disconnected at $1 -> GRADIENTS ($finding)"
 done
 
+# The trainer's own faults (samples/tiny_gpt/faults.h): each named by its stage and check, at two
+# steps (or layers) and two seeds. stage_case NAME DIAGNOSIS CHECK TRAINER_ARGS...
+failed_checks() {
+  field "$1" '",".join(f["check"] for s in d["stages"] for f in s["findings"] if f["failed"])'
+}
+stage_case() {
+  local name=$1 want=$2 check=$3
+  shift 3
+  local cap
+  cap=$(record "$name" "$@")
+  [ -n "$cap" ] || { bad "$name" "no capsule written"; return; }
+  replay_json "$name" "$cap"
+  local rc=$?
+  [ $rc -eq 1 ] && [ "$(field "$name" 'd["diagnosis"]')" = "$want" ] &&
+    [ "$(failed_checks "$name" | tr ',' '\n' | grep -c -x "$check")" = 1 ] ||
+    bad "$name" "exit $rc, diagnosis $(field "$name" 'd["diagnosis"]'), failed checks $(failed_checks "$name")"
+  echo "ok: $name -> $want ($(failed_checks "$name"))"
+}
+for cfg in "12 1" "40 2"; do
+  set -- $cfg
+  stage_case "pad-in-loss-$1" OBJECTIVE objective.padding_in_loss --steps $(($1 + 1)) --seed "$2" \
+    --inject pad-in-loss --inject-step 5 --capture-at-step "$1"
+  stage_case "accum-scale-$1" OBJECTIVE objective.accumulation_mean_of_means --steps $(($1 + 1)) \
+    --seed "$2" --batch-size 2 --accum 4 --inject accum-scale --inject-step 5 --capture-at-step "$1"
+  stage_case "decay-on-norm-$1" OPTIMIZER optimizer.decay_on_excluded --steps $(($1 + 1)) \
+    --seed "$2" --weight-decay 0.1 --inject decay-on-norm --capture-at-step "$1"
+done
+stage_case frozen-updated-blocks.1 OPTIMIZER optimizer.frozen_updated --steps 13 --seed 1 \
+  --weight-decay 0.1 --inject frozen-updated --inject-layer blocks.1 --inject-step 5 --capture-at-step 12
+stage_case frozen-updated-blocks.3 OPTIMIZER optimizer.frozen_updated --steps 41 --seed 2 \
+  --inject frozen-updated --inject-layer blocks.3 --inject-step 20 --capture-at-step 40
+stage_case step-on-overflow-blocks.1 OPTIMIZER optimizer.step_on_overflow --steps 7 --seed 1 \
+  --inject step-on-overflow --inject-layer blocks.1 --inject-step 5
+stage_case step-on-overflow-blocks.2 OPTIMIZER optimizer.step_on_overflow --steps 11 --seed 2 \
+  --inject step-on-overflow --inject-layer blocks.2 --inject-step 9
+# A clean trainer with every feature the faults need (padding, accumulation, weight decay): every
+# stage runs and passes.
+clean_all=$(record clean-all --steps 13 --seed 3 --pad --accum 3 --weight-decay 0.1 --capture-at-step 12)
+replay_json clean-all "$clean_all"
+rc=$?
+[ $rc -eq 0 ] && [ "$(field clean-all 'd["diagnosis"]')" = NO_DIVERGENCE ] &&
+  [ "$(field clean-all '[s["stage"] for s in d["stages"] if s["ran"] and not s["explains"]]')" = "['STAGE_DATA', 'STAGE_OBJECTIVE', 'STAGE_GRADIENTS', 'STAGE_OPTIMIZER', 'STAGE_NUMERICS']" ] ||
+  bad clean-all "exit $rc, diagnosis $(field clean-all 'd["diagnosis"]'), failed checks $(failed_checks clean-all)"
+echo "ok: clean capture with padding, 3 micro-batches and weight decay: every stage passes"
+
 cap=$(record transient --steps 5 --inject transient --inject-layer blocks.2 --inject-step 3)
 replay_json transient "$cap"
 rc=$?
@@ -152,7 +197,7 @@ rc=$?
   [ "$(field clean 'd["fidelity"]')" = REPRODUCED_EXACT ] &&
   [ "$(field clean 'd.get("first_divergent_layer")')" = null ] &&
   [ "$(field clean 'any(l["phase"] == "BACKWARD" for l in d["layers"])')" = true ] &&
-  [ "$(field clean '[s["stage"] for s in d["stages"] if s["ran"] and not s["explains"]]')" = "['STAGE_DATA', 'STAGE_OBJECTIVE', 'STAGE_GRADIENTS', 'STAGE_NUMERICS']" ] ||
+  [ "$(field clean '[s["stage"] for s in d["stages"] if s["ran"] and not s["explains"]]')" = "['STAGE_DATA', 'STAGE_OBJECTIVE', 'STAGE_GRADIENTS', 'STAGE_OPTIMIZER', 'STAGE_NUMERICS']" ] ||
   bad clean "exit $rc, diagnosis $(field clean 'd["diagnosis"]'), fidelity $(field clean 'd["fidelity"]')"
 echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, every stage passes, exit 0"
 
