@@ -1,6 +1,7 @@
 // Monitor: triggers, rate limits, snapshot/restore, non-disturbance, failure fencing and capsule
 // content, on the tiny_gpt sample model and on small hand-made sequences.
 #include "capsule/capture/monitor.h"
+#include "capsule/capture/optimizer_probe.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -93,7 +94,10 @@ struct Harness {
   }
 
   // One training step with the monitor; returns the report of the step.
-  StepReport Step(Monitor& monitor, int64_t step, bool capture_now = false) {
+  // With a probe, the optimizer step is observed and a waiting capsule written after it (the
+  // report is then that write's).
+  StepReport Step(Monitor& monitor, int64_t step, bool capture_now = false,
+                  OptimizerProbe* probe = nullptr) {
     model->SetStep(step);
     CorpusBatch cb = loader->Next();
     if (tiny_gpt::FaultCorruptsBatch(config.fault, step)) {
@@ -121,7 +125,12 @@ struct Harness {
     StepReport r = failed.triggered ? failed : monitor.EndStep(s);
     if (capture_now) r = monitor.CaptureNow("test");
     last_batch = cb.batch;
+    if (probe != nullptr) probe->BeforeStep();
     if (std::isfinite(loss) && std::isfinite(std::sqrt(sq))) optimizer->step();
+    if (probe != nullptr) {
+      StepReport written = probe->AfterStep();
+      if (written.triggered) r = written;
+    }
     return r;
   }
 
@@ -697,5 +706,89 @@ TEST(CleanRun, BadDataSpikesTheLoss) {
   EXPECT_TRUE(r.rerun_reproduced);
 }
 
+
+// The OptimizerProbe: a capsule that triggers waits for the trainer's own step and records it.
+namespace optimizer_probe {
+
+struct ProbeRun {
+  TempDir dir;
+  PublicKey pub;
+  Harness h;
+  MonitorOptions options;
+  ProbeRun() {
+    options.capsule_dir = dir.path() + "/caps";
+    options.signing_key_path = MakeKey(dir.path(), &pub);
+    options.log_sink = [](const std::string&) {};
+  }
+};
+
+TEST(OptimizerProbeTest, TheCapsuleWaitsForTheStepAndHoldsIt) {
+  ProbeRun run;
+  Monitor monitor(run.options);
+  monitor.AttachModel(run.h.model.get(), PathKind::kOptimized);
+  OptimizerProbe probe(monitor, *run.h.optimizer, run.h.model->NamedParameters());
+  run.h.Step(monitor, 0, false, &probe);
+  run.h.Step(monitor, 1, false, &probe);
+  EXPECT_TRUE(ListCapsules(run.options.capsule_dir).empty());
+  const StepReport written = run.h.Step(monitor, 2, /*capture_now=*/true, &probe);
+  ASSERT_TRUE(written.status.ok()) << written.status;
+  EXPECT_FALSE(written.pending);
+  ASSERT_EQ(ListCapsules(run.options.capsule_dir).size(), 1u);
+  const DecodedCapsule d = ReadBack(written.capsule_path, run.pub);
+  const v1::OptimizerStep& o = d.capsule->optimizer();
+  EXPECT_EQ(o.kind(), v1::ADAM);
+  EXPECT_TRUE(o.observed_after());
+  ASSERT_EQ(o.groups_size(), 1);
+  EXPECT_DOUBLE_EQ(o.groups(0).lr(), 3e-3);
+  ASSERT_EQ(o.params_size(), static_cast<int>(run.h.model->NamedParameters().size()));
+  // Two steps before this one: the recorded state is the one before the third.
+  EXPECT_EQ(o.params(0).step_before(), 2);
+  EXPECT_GT(o.params(0).update_norm(), 0);
+  EXPECT_FALSE(o.params(0).exp_avg().empty());
+  EXPECT_FALSE(o.params(0).param_after().empty());
+  // The parameter after the step is the trainer's tensor now.
+  auto after = TensorFromBlob(*[&] {
+    for (const auto& t : d.capsule->tensors()) {
+      if (t.name() == o.params(0).param_after()) return &t;
+    }
+    return &d.capsule->tensors(0);
+  }());
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->equal(run.h.model->NamedParameters()[0].second.detach()));
+  EXPECT_EQ(monitor.capsules_written(), 1);
+}
+
+TEST(OptimizerProbeTest, AStepNeverObservedIsWrittenAtTheNextStepAndSaysSo) {
+  ProbeRun run;
+  Monitor monitor(run.options);
+  monitor.AttachModel(run.h.model.get(), PathKind::kOptimized);
+  OptimizerProbe probe(monitor, *run.h.optimizer, run.h.model->NamedParameters());
+  StepReport r = run.h.Step(monitor, 0, /*capture_now=*/true);
+  EXPECT_TRUE(r.pending);
+  EXPECT_TRUE(ListCapsules(run.options.capsule_dir).empty());
+  run.h.Step(monitor, 1);  // BeginStep flushes it
+  const auto caps = ListCapsules(run.options.capsule_dir);
+  ASSERT_EQ(caps.size(), 1u);
+  const DecodedCapsule d = ReadBack(caps[0], run.pub);
+  EXPECT_FALSE(d.capsule->optimizer().observed_after());
+  bool noted = false;
+  for (const std::string& n : d.capsule->capture_notes()) {
+    noted |= n.find("not observed") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+}
+
+TEST(OptimizerProbeTest, WithoutAPendingCaptureTheProbeCopiesNothing) {
+  ProbeRun run;
+  Monitor monitor(run.options);
+  OptimizerProbe probe(monitor, *run.h.optimizer, run.h.model->NamedParameters());
+  run.h.Step(monitor, 0);
+  probe.BeforeStep();
+  const StepReport r = probe.AfterStep();
+  EXPECT_FALSE(r.triggered);
+  EXPECT_TRUE(ListCapsules(run.options.capsule_dir).empty());
+}
+
+}  // namespace optimizer_probe
 }  // namespace
 }  // namespace capsule

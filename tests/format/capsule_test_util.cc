@@ -194,8 +194,10 @@ v1::Capsule MakeFullCapsule() {
     }
     seq->set_token_ids_sha256(Sha256Hex(Int64Bytes({5, 17, 3, 99})));
     seq->set_token_count(4);
+    seq->set_micro_batch(i);
   }
   data->set_labels_shifted(true);
+  data->set_micro_batches(2);
   v1::DataCursor* cursor = data->mutable_cursor();
   cursor->set_epoch(2);
   cursor->set_shard(3);
@@ -314,6 +316,52 @@ v1::Capsule MakeFullCapsule() {
   red->set_redacted_unix_micros(1700000000999999);
   red->set_source_sha256(Sha256Hex("source capsule"));
   red->set_unknown_field_bytes_dropped(17);
+
+  v1::Objective* objective = c.mutable_objective();
+  objective->set_reduction(v1::TOKEN_MEAN);
+  objective->set_normalizer(4);
+  objective->set_ranks(4);
+  objective->set_ignore_index(-100);
+
+  v1::OptimizerStep* opt = c.mutable_optimizer();
+  opt->set_kind(v1::ADAMW);
+  v1::ParamGroup* group = opt->add_groups();
+  group->set_lr(3e-4);
+  group->set_beta1(0.9);
+  group->set_beta2(0.999);
+  group->set_eps(1e-8);
+  group->set_weight_decay(0.1);
+  group->set_amsgrad(true);
+  group->set_scheduled_lr(3e-4);
+  v1::ParamGroup* no_decay = opt->add_groups();
+  *no_decay = *group;
+  no_decay->set_weight_decay(0);
+  v1::ParamStep* ps = opt->add_params();
+  ps->set_name("blocks.0.attn.qkv.weight");
+  ps->set_group(1);
+  ps->set_requires_grad(true);
+  ps->set_decay_exempt(true);
+  ps->set_step_before(1233);
+  // Every state tensor names the one parameter blob: the rule is that names resolve.
+  for (std::string* name : {ps->mutable_grad(), ps->mutable_exp_avg(), ps->mutable_exp_avg_sq(),
+                            ps->mutable_param_after(), ps->mutable_exp_avg_after(),
+                            ps->mutable_exp_avg_sq_after()}) {
+    *name = "blocks.0.attn.qkv.weight";
+  }
+  ps->set_grad_norm(1.5);
+  ps->set_param_norm(4.25);
+  ps->set_update_norm(0.001);
+  opt->add_order("unscale");
+  opt->add_order("step");
+  opt->set_clip_max_norm(1.0);
+  opt->set_grad_norm_before_clip(2.5);
+  opt->set_loss_scale(65536);
+  opt->set_found_inf(true);
+  opt->set_observed_after(true);
+  v1::RunEvent* event = c.add_events();
+  event->set_step(1000);
+  event->set_kind("data_mixture");
+  event->set_detail("code share 10% -> 20%");
 
   c.add_capture_notes("data.sequences[1]: raw sample is not valid UTF-8; stored in raw_bytes");
   (*c.mutable_annotations())["experiment"] = "exp-42";

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <cmath>
 #include <limits>
 
 #include "capsule/base/sha256.h"
@@ -71,7 +72,48 @@ v1::HealthStats* Stats(v1::Capsule* c) {
 }
 v1::Sequence* Seq(v1::Capsule* c) { return c->mutable_data()->mutable_sequences(1); }
 
+v1::ParamStep* Param(v1::Capsule* c) { return c->mutable_optimizer()->mutable_params(0); }
+
 const Rule kRules[] = {
+    {"MicroBatchDecreases",
+     [](v1::Capsule* c) { c->mutable_data()->mutable_sequences(0)->set_micro_batch(2); },
+     "data.sequences[0]: micro_batch must be below data.micro_batches"},
+    {"MicroBatchesNegative", [](v1::Capsule* c) { c->mutable_data()->set_micro_batches(-1); },
+     "data.micro_batches: must be >= 0"},
+    {"SequenceMicroBatchGoesBack",
+     [](v1::Capsule* c) { c->mutable_data()->mutable_sequences(0)->set_micro_batch(1);
+                          Seq(c)->set_micro_batch(0); },
+     "data.sequences[1]: micro_batch must be >= 0 and not decrease"},
+    {"NormalizerNaN",
+     [](v1::Capsule* c) { c->mutable_objective()->set_normalizer(std::nan("")); },
+     "objective.normalizer: must be finite and >= 0"},
+    {"OptimizerGroupOutOfRange", [](v1::Capsule* c) { Param(c)->set_group(2); },
+     "optimizer.params[0] (blocks.0.attn.qkv.weight): group must be -1 or an index"},
+    {"OptimizerTensorMissing", [](v1::Capsule* c) { Param(c)->set_grad("nope"); },
+     "optimizer.params[0] (blocks.0.attn.qkv.weight): names no tensor in tensors (nope)"},
+    {"OptimizerBetaOne",
+     [](v1::Capsule* c) { c->mutable_optimizer()->mutable_groups(0)->set_beta2(1.0); },
+     "optimizer.groups[0]: betas must be in [0, 1)"},
+    {"OptimizerEpsZero",
+     [](v1::Capsule* c) { c->mutable_optimizer()->mutable_groups(0)->set_eps(0); },
+     "optimizer.groups[0]: eps must be > 0"},
+    {"OptimizerDuplicateParam",
+     [](v1::Capsule* c) { *c->mutable_optimizer()->add_params() = *Param(c); },
+     "optimizer.params[1] (blocks.0.attn.qkv.weight): duplicate name"},
+    {"OptimizerKindUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(9));
+     },
+     "optimizer.kind: 9 is not a known OptimizerKind value"},
+    {"EventsGoBack",
+     [](v1::Capsule* c) {
+       v1::RunEvent* e = c->add_events();
+       e->set_step(5);
+       e->set_kind("resume");
+     },
+     "events[1]: steps must not decrease"},
+    {"EventWithoutKind", [](v1::Capsule* c) { c->mutable_events(0)->clear_kind(); },
+     "events[0]: step must be >= 0 and kind set"},
     {"WriterVersionUnset", [](v1::Capsule* c) { c->clear_writer_version(); },
      "writer_version: must be set"},
     {"CreatedTimeZero", [](v1::Capsule* c) { c->set_created_unix_micros(0); },

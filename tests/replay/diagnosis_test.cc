@@ -261,6 +261,35 @@ TEST(JudgeFidelityTest, ExceptionDetailQuotesIt) {
             "(captured: \"kernel exploded\")");
 }
 
+TEST(JudgeFidelityTest, AnAccumulatedStepsLossIsLeftToTheObjectiveStage) {
+  // The trainer's loss over micro-batches equals one pass over them only when it normalises
+  // right; judging it here would call a normaliser bug transient.
+  v1::Capsule c = Captured(v1::MANUAL, 4.25);
+  c.mutable_data()->set_micro_batches(4);
+  v1::ReplayReport report;
+  internal::JudgeFidelity(c, ReplayedRun(4.5), report);
+  EXPECT_EQ(report.fidelity(), v1::NOT_CHECKED);
+  EXPECT_NE(report.fidelity_detail().find("4 micro-batches"), std::string::npos);
+  c.mutable_data()->set_micro_batches(1);
+  EXPECT_EQ(Judge(c, ReplayedRun(4.5)), v1::NOT_REPRODUCED);
+}
+
+TEST(DiagnoseTest, AnOptimizerFindingExplainsBeforeTheNumerics) {
+  v1::ReplayReport report;
+  report.set_fidelity(v1::REPRODUCED_EXACT);
+  v1::StageReport& s = *report.add_stages();
+  s.set_stage(v1::STAGE_OPTIMIZER);
+  s.set_ran(true);
+  s.set_explains(true);
+  v1::LayerComparison& l = *report.add_layers();
+  l.set_name("blocks.1");
+  l.set_phase(v1::FORWARD);
+  l.set_verdict(v1::DIVERGED);
+  internal::Diagnose(report);
+  EXPECT_EQ(report.diagnosis(), v1::OPTIMIZER);
+  EXPECT_EQ(report.first_divergent_layer(), "blocks.1");
+}
+
 TEST(JudgeFidelityTest, ManualCaptureReproducesTheStepItself) {
   const v1::Capsule c = Captured(v1::MANUAL, 4.25);
   EXPECT_EQ(Judge(c, ReplayedRun(4.25)), v1::REPRODUCED_EXACT);

@@ -186,13 +186,16 @@ TEST(FaultSpec, ParsesAndFormats) {
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(*spec, (FaultSpec{FaultKind::kEps, "blocks.1", 0}));
   for (const char* bad : {"nan", "nan@3", "bad-data:blocks.1@2", "nan:embed@x", "nan:embed@-1",
-                          "tailblock:blocks.1", "nan:embed@"}) {
+                          "tailblock:blocks.1", "nan:embed@", "frozen-updated@3",
+                          "decay-on-norm:ln_f", "step-on-overflow"}) {
     EXPECT_FALSE(ParseFaultSpec(bad).ok()) << bad;
   }
   for (FaultKind kind :
        {FaultKind::kNone, FaultKind::kNan, FaultKind::kSoftmaxOverflow, FaultKind::kTailBlock,
         FaultKind::kEps, FaultKind::kBadData, FaultKind::kTransient, FaultKind::kLossSum,
-        FaultKind::kLabelsUnshifted, FaultKind::kBadBatch, FaultKind::kDisconnected}) {
+        FaultKind::kLabelsUnshifted, FaultKind::kBadBatch, FaultKind::kDisconnected,
+        FaultKind::kPadInLoss, FaultKind::kAccumScale, FaultKind::kFrozenUpdated,
+        FaultKind::kDecayOnNorm, FaultKind::kStepOnOverflow}) {
     StatusOr<FaultKind> back = ParseFaultKind(FaultKindName(kind));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, kind);
