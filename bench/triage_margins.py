@@ -2,9 +2,11 @@
 """Clean captures through the triage stages: how far each check stays from its threshold.
 
 Trains the tiny_gpt sample without a fault, captures a step on request, replays it with --json and
-collects, per capture, the data and objective findings (replay/internal/triage.h). Prints one line
-per capture and the margins: the largest value each check reached against its threshold. A clean
-capture must have no failed finding in any stage.
+collects, per capture, the findings of every stage (replay/internal/triage.h). Half the captures
+use the trainer's padding, gradient accumulation over 2 micro-batches and AdamW weight decay 0.1,
+so the objective's accumulation and padding checks and the optimizer's update check are held too.
+Prints one line per capture and the margins: the largest value each check reached against its
+threshold. A clean capture must have no failed finding in any stage.
 
     bench/triage_margins.py build/samples/capsule-tiny-gpt
 """
@@ -15,12 +17,12 @@ import sys
 import tempfile
 
 
-def run(trainer, work, seed, batch, step):
-    name = f"s{seed}-b{batch}-t{step}"
+def run(trainer, work, seed, batch, step, extra):
+    name = f"s{seed}-b{batch}-t{step}" + ("-pad-accum2-wd" if extra else "")
     out = os.path.join(work, name)
     subprocess.run([trainer, "train", "--quiet", "--steps", str(step + 1), "--seed", str(seed),
                     "--batch-size", str(batch), "--capture-at-step", str(step),
-                    "--capsule-dir", out], check=True, capture_output=True, cwd=work)
+                    "--capsule-dir", out] + extra, check=True, capture_output=True, cwd=work)
     cap = os.path.join(out, os.listdir(out)[0])
     r = subprocess.run([trainer, "replay", cap, "--allow-unsigned", "--json"],
                        capture_output=True, text=True, cwd=work)
@@ -35,8 +37,9 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for seed in (1, 2, 3, 4):
             for batch in (3, 8):
+                extra = ["--pad", "--accum", "2", "--weight-decay", "0.1"] if batch == 8 else []
                 for step in (10, 60, 150):
-                    name, d = run(trainer, work, seed, batch, step)
+                    name, d = run(trainer, work, seed, batch, step, extra)
                     runs += 1
                     line = [name, d["diagnosis"]]
                     for s in d["stages"]:
@@ -44,7 +47,9 @@ def main():
                             failed += f["failed"]
                             check = f["check"]
                             if check in ("data.per_sample_loss", "objective.loss_matches",
-                                         "objective.labels_equal_inputs"):
+                                         "objective.labels_equal_inputs",
+                                         "objective.trainer_loss", "objective.padding_in_loss",
+                                         "optimizer.update_matches"):
                                 line.append(f"{check}={f['value']:.3g}")
                                 prev = worst.get(check)
                                 if prev is None or f["value"] > prev[0]:

@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "capsule/base/status.h"
-#include "capsule/format/capsule_fwd.h"
 #include "capsule/capture/spike_rule.h"
+#include "capsule/format/capsule_fwd.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
 #include "capsule/probe/trigger_rule.h"

@@ -63,6 +63,16 @@ AdamState StateOf(torch::optim::Optimizer& opt, v1::OptimizerKind kind, const at
   return s;
 }
 
+// AdamOptions and AdamWOptions have the same fields but no common base.
+template <typename Options>
+void FillAdamGroup(const Options& o, v1::ParamGroup* pg) {
+  pg->set_beta1(std::get<0>(o.betas()));
+  pg->set_beta2(std::get<1>(o.betas()));
+  pg->set_eps(o.eps());
+  pg->set_weight_decay(o.weight_decay());
+  pg->set_amsgrad(o.amsgrad());
+}
+
 Status Embed(const std::string& name, const at::Tensor& t, v1::Capsule& c) {
   v1::TensorBlob blob;
   CAPSULE_RETURN_IF_ERROR(TensorToBlob(name, t.detach(), &blob));
@@ -103,19 +113,9 @@ void OptimizerProbe::BeforeStep(const OptimizerStepInfo& info) {
       const auto& o = groups[g].options();
       pg.set_lr(o.get_lr());
       if (adamw) {
-        const auto& w = static_cast<const torch::optim::AdamWOptions&>(o);
-        pg.set_beta1(std::get<0>(w.betas()));
-        pg.set_beta2(std::get<1>(w.betas()));
-        pg.set_eps(w.eps());
-        pg.set_weight_decay(w.weight_decay());
-        pg.set_amsgrad(w.amsgrad());
+        FillAdamGroup(static_cast<const torch::optim::AdamWOptions&>(o), &pg);
       } else if (adam) {
-        const auto& a = static_cast<const torch::optim::AdamOptions&>(o);
-        pg.set_beta1(std::get<0>(a.betas()));
-        pg.set_beta2(std::get<1>(a.betas()));
-        pg.set_eps(a.eps());
-        pg.set_weight_decay(a.weight_decay());
-        pg.set_amsgrad(a.amsgrad());
+        FillAdamGroup(static_cast<const torch::optim::AdamOptions&>(o), &pg);
       }
       if (g < info.scheduled_lr.size() && info.scheduled_lr[g]) {
         pg.set_scheduled_lr(*info.scheduled_lr[g]);

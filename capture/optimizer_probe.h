@@ -56,10 +56,10 @@ struct OptimizerProbeOptions {
 
 // What the trainer did between EndStep and step(), as it declares it.
 struct OptimizerStepInfo {
-  double clip_max_norm = 0;                    // 0: no clipping
+  double clip_max_norm = 0;                     // 0: no clipping
   std::optional<double> grad_norm_before_clip;  // the norm the clip saw
-  double loss_scale = 0;                       // gradient scaler's scale; 0 or 1: none
-  bool found_inf = false;                      // the trainer's own finite check fired
+  double loss_scale = 0;                        // gradient scaler's scale; 0 or 1: none
+  bool found_inf = false;                       // the trainer's own finite check fired
   // The order of its steps, e.g. {"unscale", "finite_check", "clip", "step"}.
   std::vector<std::string> order;
   // Per parameter group: the lr the schedule gives for this step, when the trainer has one.

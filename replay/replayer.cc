@@ -389,8 +389,8 @@ void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayRepor
     // stage judges that, not fidelity.
     fidelity = v1::NOT_CHECKED;
     detail = "manual capture of a step accumulated over " +
-             std::to_string(c.data().micro_batches()) +
-             " micro-batches: the trainer's loss " + show(captured) +
+             std::to_string(c.data().micro_batches()) + " micro-batches: the trainer's loss " +
+             show(captured) +
              " is judged by the objective stage (one pass over the batch: " + show(replayed) + ")";
   }
   report.set_fidelity(fidelity);

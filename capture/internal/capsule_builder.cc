@@ -134,9 +134,9 @@ Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
       }
     }
   } else if (!sizes.empty()) {
-    c.add_capture_notes("data.micro_batches: micro_batch_sizes add up to " +
-                        std::to_string(total) + ", not to the batch's " +
-                        std::to_string(data.sequences_size()) + " sequences; not recorded");
+    c.add_capture_notes("data.micro_batches: micro_batch_sizes add up to " + std::to_string(total) +
+                        ", not to the batch's " + std::to_string(data.sequences_size()) +
+                        " sequences; not recorded");
   }
   const LossSpec& loss = snap.batch.loss;
   v1::Objective& obj = *c.mutable_objective();

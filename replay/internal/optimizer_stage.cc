@@ -88,8 +88,7 @@ v1::StageReport RunOptimizerStage(const v1::Capsule& c) {
     const bool stepped = !moved.empty();
     Add(r, "optimizer.step_on_overflow", stepped, static_cast<double>(moved.size()), 0,
         std::string("the step's gradients were not finite (") +
-            (nonfinite_grads.empty() ? "the trainer's finite check fired"
-                                     : List(nonfinite_grads)) +
+            (nonfinite_grads.empty() ? "the trainer's finite check fired" : List(nonfinite_grads)) +
             (stepped ? ") and the optimizer still stepped: " + std::to_string(moved.size()) +
                            " parameters changed, " + std::to_string(moved_nonfinite.size()) +
                            " of them to non-finite values; a step on an overflow must be skipped "
@@ -103,8 +102,8 @@ v1::StageReport RunOptimizerStage(const v1::Capsule& c) {
         continue;
       }
       why.push_back(p.name() + (p.requires_grad() ? "" : " (requires_grad false") +
-                    (p.group() >= 0 ? std::string(p.requires_grad() ? " (" : ", ") +
-                                          "in group " + std::to_string(p.group()) + ")"
+                    (p.group() >= 0 ? std::string(p.requires_grad() ? " (" : ", ") + "in group " +
+                                          std::to_string(p.group()) + ")"
                                     : std::string(p.requires_grad() ? "" : ")")) +
                     " moved by " + Num(p.update_norm()));
       if (why.size() == 4) break;
@@ -134,8 +133,7 @@ v1::StageReport RunOptimizerStage(const v1::Capsule& c) {
   bool any_exempt = false;
   for (const v1::ParamStep& p : opt.params()) any_exempt |= p.decay_exempt();
   if (any_exempt) {
-    Add(r, "optimizer.decay_on_excluded", !decayed.empty(), static_cast<double>(decayed.size()),
-        0,
+    Add(r, "optimizer.decay_on_excluded", !decayed.empty(), static_cast<double>(decayed.size()), 0,
         decayed.empty()
             ? "no parameter the configuration exempts from weight decay is decayed"
             : std::to_string(decayed.size()) +
@@ -198,8 +196,7 @@ v1::StageReport RunOptimizerStage(const v1::Capsule& c) {
     at::Tensor v0 = Load(c, p.exp_avg_sq());
     if (!m0.defined()) m0 = at::zeros_like(before);
     if (!v0.defined()) v0 = at::zeros_like(before);
-    const double lr = g.lr(), b1 = g.beta1(), b2 = g.beta2(), eps = g.eps(),
-                 wd = g.weight_decay();
+    const double lr = g.lr(), b1 = g.beta1(), b2 = g.beta2(), eps = g.eps(), wd = g.weight_decay();
     const int64_t t = p.step_before() + 1;
     at::Tensor gr = grad;
     at::Tensor expected = before;

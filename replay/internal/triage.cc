@@ -334,22 +334,21 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
       const bool ok = e <= kTrainerLossRelTol;
       const double e_means = rel(*trainer, mean_of_means);
       const bool means = !ok && e_means <= kTrainerLossRelTol;
-      AddFinding(r, means ? "objective.accumulation_mean_of_means" : "objective.trainer_loss",
-                 means, means ? e_means : e, kTrainerLossRelTol,
-                 "the trainer's loss over " + std::to_string(k) + " micro-batches is " +
-                     FormatSignificant(*trainer, 9) +
-                     (ok ? ", the declared " + hand_name + " " + FormatSignificant(hand, 9)
-                         : means ? ", the mean of the micro-batches' token means (" +
-                                       FormatSignificant(mean_of_means, 9) +
-                                       "), not the step's token mean " +
-                                       FormatSignificant(hand, 9) +
-                                       ": each micro-batch was divided by the number of "
-                                       "micro-batches instead of the step's target tokens, so "
-                                       "tokens in short micro-batches weigh more"
-                                 : ", not the declared " + hand_name + " " +
-                                       FormatSignificant(hand, 9) + " (relative error " +
-                                       FormatSignificant(e, 3) +
-                                       ") nor the mean of micro-batch means"));
+      AddFinding(
+          r, means ? "objective.accumulation_mean_of_means" : "objective.trainer_loss", means,
+          means ? e_means : e, kTrainerLossRelTol,
+          "the trainer's loss over " + std::to_string(k) + " micro-batches is " +
+              FormatSignificant(*trainer, 9) +
+              (ok      ? ", the declared " + hand_name + " " + FormatSignificant(hand, 9)
+               : means ? ", the mean of the micro-batches' token means (" +
+                             FormatSignificant(mean_of_means, 9) + "), not the step's token mean " +
+                             FormatSignificant(hand, 9) +
+                             ": each micro-batch was divided by the number of "
+                             "micro-batches instead of the step's target tokens, so "
+                             "tokens in short micro-batches weigh more"
+                       : ", not the declared " + hand_name + " " + FormatSignificant(hand, 9) +
+                             " (relative error " + FormatSignificant(e, 3) +
+                             ") nor the mean of micro-batch means"));
     }
   }
   if (matches || labels_explain) return r;
@@ -365,8 +364,7 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
     variants.push_back({"objective.reduction_sum", numerator,
                         "the loss is the token sum, not the declared " + hand_name +
                             " (it was not divided by the " +
-                            std::to_string(static_cast<int64_t>(denominator)) +
-                            " target tokens)"});
+                            std::to_string(static_cast<int64_t>(denominator)) + " target tokens)"});
   }
   if (declared != v1::SEQUENCE_MEAN && seq_count > 0) {
     variants.push_back({"objective.reduction_sequence_mean", sequence_mean,

@@ -150,8 +150,7 @@ int RunTrain(const TrainOptions& o) {
   // decay-on-norm fault puts the norm weights in the decay group.
   std::vector<at::Tensor> decay, no_decay;
   for (const NamedTensor& p : model.NamedParameters()) {
-    const bool norm_weight = p.first.find("ln") != std::string::npos &&
-                             p.first.size() > 7 &&
+    const bool norm_weight = p.first.find("ln") != std::string::npos && p.first.size() > 7 &&
                              p.first.compare(p.first.size() - 7, 7, ".weight") == 0;
     const bool faulty = config.fault.kind == FaultKind::kDecayOnNorm && norm_weight;
     (DecayExempt(p.first, p.second) && !faulty ? no_decay : decay).push_back(p.second);
@@ -216,8 +215,7 @@ int RunTrain(const TrainOptions& o) {
       }
       if (FaultUnshiftsLabels(config.fault, step)) UnshiftLabels(cb.batch);
       if (pad) {
-        PadBatch(cb.batch, pad_rng,
-                 TrainerFaultActive(config.fault, FaultKind::kPadInLoss, step));
+        PadBatch(cb.batch, pad_rng, TrainerFaultActive(config.fault, FaultKind::kPadInLoss, step));
       }
       micro.push_back(std::move(cb));
     }
@@ -245,10 +243,10 @@ int RunTrain(const TrainOptions& o) {
       // divides by the number of micro-batches instead).
       double total = 0;
       for (const CorpusBatch& m : micro) {
-        const double share =
-            accum_scale ? 1.0 / static_cast<double>(micro.size())
-                        : static_cast<double>(TargetTokens(m.batch)) /
-                              static_cast<double>(std::max<int64_t>(step_tokens, 1));
+        const double share = accum_scale
+                                 ? 1.0 / static_cast<double>(micro.size())
+                                 : static_cast<double>(TargetTokens(m.batch)) /
+                                       static_cast<double>(std::max<int64_t>(step_tokens, 1));
         at::Tensor l = RunSequence(path, m.batch) * share;
         l.backward();
         total += l.item<double>();
@@ -331,8 +329,9 @@ int main(int argc, char** argv) {
   train->add_option("--batch-size", o.batch_size, "Sequences per batch")
       ->check(CLI::PositiveNumber);
   train->add_option("--lr", o.lr, "AdamW learning rate");
-  train->add_option("--weight-decay", o.weight_decay,
-                    "AdamW weight decay (not on biases and layer-norm weights)")
+  train
+      ->add_option("--weight-decay", o.weight_decay,
+                   "AdamW weight decay (not on biases and layer-norm weights)")
       ->check(CLI::NonNegativeNumber);
   train->add_option("--accum", o.accum, "Micro-batches per step (gradient accumulation)")
       ->check(CLI::Range(1, 64));

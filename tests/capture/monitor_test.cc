@@ -1,7 +1,6 @@
 // Monitor: triggers, rate limits, snapshot/restore, non-disturbance, failure fencing and capsule
 // content, on the tiny_gpt sample model and on small hand-made sequences.
 #include "capsule/capture/monitor.h"
-#include "capsule/capture/optimizer_probe.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -18,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "capsule/capture/optimizer_probe.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/signing.h"
 #include "capsule/probe/hashing.h"
@@ -705,7 +705,6 @@ TEST(CleanRun, BadDataSpikesTheLoss) {
   EXPECT_EQ(r.trigger, TriggerKind::kLossSpike);
   EXPECT_TRUE(r.rerun_reproduced);
 }
-
 
 // The OptimizerProbe: a capsule that triggers waits for the trainer's own step and records it.
 namespace optimizer_probe {

@@ -343,9 +343,9 @@ v1::Capsule MakeFullCapsule() {
   ps->set_decay_exempt(true);
   ps->set_step_before(1233);
   // Every state tensor names the one parameter blob: the rule is that names resolve.
-  for (std::string* name : {ps->mutable_grad(), ps->mutable_exp_avg(), ps->mutable_exp_avg_sq(),
-                            ps->mutable_param_after(), ps->mutable_exp_avg_after(),
-                            ps->mutable_exp_avg_sq_after()}) {
+  for (std::string* name :
+       {ps->mutable_grad(), ps->mutable_exp_avg(), ps->mutable_exp_avg_sq(),
+        ps->mutable_param_after(), ps->mutable_exp_avg_after(), ps->mutable_exp_avg_sq_after()}) {
     *name = "blocks.0.attn.qkv.weight";
   }
   ps->set_grad_norm(1.5);

@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "capsule/base/sha256.h"
@@ -81,11 +81,12 @@ const Rule kRules[] = {
     {"MicroBatchesNegative", [](v1::Capsule* c) { c->mutable_data()->set_micro_batches(-1); },
      "data.micro_batches: must be >= 0"},
     {"SequenceMicroBatchGoesBack",
-     [](v1::Capsule* c) { c->mutable_data()->mutable_sequences(0)->set_micro_batch(1);
-                          Seq(c)->set_micro_batch(0); },
+     [](v1::Capsule* c) {
+       c->mutable_data()->mutable_sequences(0)->set_micro_batch(1);
+       Seq(c)->set_micro_batch(0);
+     },
      "data.sequences[1]: micro_batch must be >= 0 and not decrease"},
-    {"NormalizerNaN",
-     [](v1::Capsule* c) { c->mutable_objective()->set_normalizer(std::nan("")); },
+    {"NormalizerNaN", [](v1::Capsule* c) { c->mutable_objective()->set_normalizer(std::nan("")); },
      "objective.normalizer: must be finite and >= 0"},
     {"OptimizerGroupOutOfRange", [](v1::Capsule* c) { Param(c)->set_group(2); },
      "optimizer.params[0] (blocks.0.attn.qkv.weight): group must be -1 or an index"},
@@ -101,9 +102,7 @@ const Rule kRules[] = {
      [](v1::Capsule* c) { *c->mutable_optimizer()->add_params() = *Param(c); },
      "optimizer.params[1] (blocks.0.attn.qkv.weight): duplicate name"},
     {"OptimizerKindUnknown",
-     [](v1::Capsule* c) {
-       c->mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(9));
-     },
+     [](v1::Capsule* c) { c->mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(9)); },
      "optimizer.kind: 9 is not a known OptimizerKind value"},
     {"EventsGoBack",
      [](v1::Capsule* c) {

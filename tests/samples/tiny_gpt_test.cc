@@ -185,9 +185,9 @@ TEST(FaultSpec, ParsesAndFormats) {
   StatusOr<FaultSpec> spec = ParseFaultSpec("eps:blocks.1");
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(*spec, (FaultSpec{FaultKind::kEps, "blocks.1", 0}));
-  for (const char* bad : {"nan", "nan@3", "bad-data:blocks.1@2", "nan:embed@x", "nan:embed@-1",
-                          "tailblock:blocks.1", "nan:embed@", "frozen-updated@3",
-                          "decay-on-norm:ln_f", "step-on-overflow"}) {
+  for (const char* bad :
+       {"nan", "nan@3", "bad-data:blocks.1@2", "nan:embed@x", "nan:embed@-1", "tailblock:blocks.1",
+        "nan:embed@", "frozen-updated@3", "decay-on-norm:ln_f", "step-on-overflow"}) {
     EXPECT_FALSE(ParseFaultSpec(bad).ok()) << bad;
   }
   for (FaultKind kind :
