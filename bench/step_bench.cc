@@ -1,8 +1,11 @@
 // What arming the Monitor costs a training step, next to torch's own anomaly mode.
 //   BM_TinyGptStep/unarmed       forward + backward + Adam step of tiny_gpt (4 blocks, batch 8)
 //   BM_TinyGptStep/armed         the same with Monitor::BeginStep/EndStep around it
+//   BM_TinyGptStep/armed_probe   armed, with an OptimizerProbe's BeforeStep/AfterStep around the
+//                                optimizer step
 //   BM_TinyGptStep/anomaly_mode  the same under torch::autograd::DetectAnomalyGuard
-// Budget (README, Performance): armed / unarmed <= 1.01. Read the ratio within one run:
+// Budget (README, Performance): armed / unarmed <= 1.01, armed_probe / unarmed too. Read the ratio
+// within one run:
 //   capsule_bench --benchmark_filter=TinyGptStep --benchmark_repetitions=5
 //                 --benchmark_enable_random_interleaving=true
 #include <ATen/Parallel.h>
@@ -13,15 +16,17 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "capsule/capture/monitor.h"
+#include "capsule/capture/optimizer_probe.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
 
 namespace capsule {
 namespace {
 
-enum class Mode { kUnarmed, kArmed, kAnomaly };
+enum class Mode { kUnarmed, kArmed, kArmedProbe, kAnomaly };
 
 void BM_TinyGptStep(benchmark::State& state, Mode mode) {
   at::set_num_threads(1);
@@ -35,13 +40,16 @@ void BM_TinyGptStep(benchmark::State& state, Mode mode) {
   options.log_sink = [](const std::string&) {};
   Monitor monitor(options);
   monitor.AttachModel(model.get(), PathKind::kOptimized);
+  std::optional<OptimizerProbe> probe;
+  if (mode == Mode::kArmedProbe) probe.emplace(monitor, optimizer, model->NamedParameters());
+  const bool armed = mode == Mode::kArmed || mode == Mode::kArmedProbe;
   LayerSequence& path = model->Path(PathKind::kOptimized);
   int64_t step = 0;
   int triggers = 0;
   for (auto _ : state) {
     tiny_gpt::CorpusBatch cb = loader.Next();
     model->SetStep(step);
-    if (mode == Mode::kArmed) {
+    if (armed) {
       monitor.BeginStep(step, {cb.cursor.epoch, 0, cb.cursor.offset, cb.cursor.sample_indices, ""},
                         StepBatch{cb.batch, {}, {}, 0, 0, {}, {}});
     }
@@ -58,14 +66,16 @@ void BM_TinyGptStep(benchmark::State& state, Mode mode) {
     // one differs only by BeginStep/EndStep.
     double sq = 0;
     for (const auto& p : params) sq += p.grad().pow(2).sum().item<double>();
-    if (mode == Mode::kArmed) {
+    if (armed) {
       StepScalars s;
       s.loss = loss;
       s.grad_norm = std::sqrt(sq);
       triggers += monitor.EndStep(s).triggered;
     }
     benchmark::DoNotOptimize(sq);
+    if (probe) probe->BeforeStep();
     optimizer.step();
+    if (probe) triggers += probe->AfterStep().triggered;
     ++step;
   }
   state.counters["triggers"] = triggers;
@@ -78,6 +88,11 @@ BENCHMARK_CAPTURE(BM_TinyGptStep, unarmed, Mode::kUnarmed)
     ->MinTime(3.0);
 BENCHMARK_CAPTURE(BM_TinyGptStep, armed, Mode::kArmed)
     ->Name("BM_TinyGptStep/armed")
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(3.0);
+BENCHMARK_CAPTURE(BM_TinyGptStep, armed_probe, Mode::kArmedProbe)
+    ->Name("BM_TinyGptStep/armed_probe")
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(3.0);
