@@ -53,6 +53,7 @@ struct Prepared {
   at::Tensor logits;
   double loss = 0;
   std::vector<ParameterGrad> grads;
+  double grad_norm = 0;
   std::unique_ptr<tiny_gpt::TinyGpt> model;  // owns the tensors the gradients refer to
 };
 
@@ -99,6 +100,7 @@ const Prepared& Prepare() {
   p->logits = r.layers[ref.size() - 1].inputs.at(0).detach();
   p->loss = r.loss_value;
   p->grads = r.parameter_grads;
+  p->grad_norm = r.grad_norm;
   return *p;
 }
 
@@ -128,8 +130,9 @@ void BM_TriageStages(benchmark::State& state, Stage stage) {
   for (auto _ : state) {
     v1::StageReport r = stage == Stage::kData        ? internal::RunDataStage(in)
                         : stage == Stage::kObjective ? internal::RunObjectiveStage(in)
-                        : stage == Stage::kGradients ? internal::RunGradientsStage(in)
-                                                     : internal::RunOptimizerStage(*p.capsule);
+                        : stage == Stage::kGradients
+                            ? internal::RunGradientsStage(in)
+                            : internal::RunOptimizerStage(*p.capsule, p.grad_norm);
     ran = r.ran();
     benchmark::DoNotOptimize(r);
   }

@@ -3,8 +3,10 @@
 
 Trains the tiny_gpt sample without a fault, captures a step on request, replays it with --json and
 collects, per capture, the findings of every stage (replay/internal/triage.h). Half the captures
-use the trainer's padding, gradient accumulation over 2 micro-batches and AdamW weight decay 0.1,
-so the objective's accumulation and padding checks and the optimizer's update check are held too.
+use the trainer's padding, gradient accumulation over 2 micro-batches, AdamW weight decay 0.1, a
+loss scale of 1024 and clipping at 1, so the objective's accumulation and padding checks and the
+optimizer's update and clip checks are held too (for the clip: the ratio of the norm it saw to
+the FP64 reference's, 1 when it ran after unscaling, 1024 when before).
 Prints one line per capture and the margins: the largest value each check reached against its
 threshold. A clean capture must have no failed finding in any stage.
 
@@ -18,7 +20,7 @@ import tempfile
 
 
 def run(trainer, work, seed, batch, step, extra):
-    name = f"s{seed}-b{batch}-t{step}" + ("-pad-accum2-wd" if extra else "")
+    name = f"s{seed}-b{batch}-t{step}" + ("-pad-accum2-wd-scale-clip" if extra else "")
     out = os.path.join(work, name)
     subprocess.run([trainer, "train", "--quiet", "--steps", str(step + 1), "--seed", str(seed),
                     "--batch-size", str(batch), "--capture-at-step", str(step),
@@ -37,7 +39,8 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for seed in (1, 2, 3, 4):
             for batch in (3, 8):
-                extra = ["--pad", "--accum", "2", "--weight-decay", "0.1"] if batch == 8 else []
+                extra = (["--pad", "--accum", "2", "--weight-decay", "0.1", "--loss-scale", "1024",
+                          "--clip", "1"] if batch == 8 else [])
                 for step in (10, 60, 150):
                     name, d = run(trainer, work, seed, batch, step, extra)
                     runs += 1
@@ -49,7 +52,8 @@ def main():
                             if check in ("data.per_sample_loss", "objective.loss_matches",
                                          "objective.labels_equal_inputs",
                                          "objective.trainer_loss", "objective.padding_in_loss",
-                                         "optimizer.update_matches"):
+                                         "optimizer.update_matches",
+                                         "optimizer.clip_before_unscale"):
                                 line.append(f"{check}={f['value']:.3g}")
                                 prev = worst.get(check)
                                 if prev is None or f["value"] > prev[0]:

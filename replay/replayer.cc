@@ -482,7 +482,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
     *report.add_stages() = internal::RunDataStage(triage);
     *report.add_stages() = internal::RunObjectiveStage(triage);
     *report.add_stages() = internal::RunGradientsStage(triage);
-    *report.add_stages() = internal::RunOptimizerStage(c);
+    *report.add_stages() = internal::RunOptimizerStage(c, ref_run.grad_norm);
   }
 
   // 4. Numerics: layerwise.

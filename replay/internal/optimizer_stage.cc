@@ -54,7 +54,7 @@ double WorstRatio(const at::Tensor& actual, const at::Tensor& expected, const at
 
 }  // namespace
 
-v1::StageReport RunOptimizerStage(const v1::Capsule& c) {
+v1::StageReport RunOptimizerStage(const v1::Capsule& c, double reference_grad_norm) {
   v1::StageReport r;
   r.set_stage(v1::STAGE_OPTIMIZER);
   const v1::OptimizerStep& opt = c.optimizer();
@@ -165,6 +165,27 @@ v1::StageReport RunOptimizerStage(const v1::Capsule& c) {
             (over ? ", above the clip threshold " : " within the clip threshold ") +
             Num(opt.clip_max_norm()) +
             (over ? ": clipping did not apply (or ran before the gradients were unscaled)" : ""));
+  }
+
+  // The clip against the loss scale: the norm it saw, against the FP64 reference's unscaled
+  // gradient norm. Scale times it means the clip ran on scaled gradients.
+  const double scale = opt.loss_scale();
+  const double seen = opt.grad_norm_before_clip();
+  if (opt.clip_max_norm() > 0 && scale > 1 && std::isfinite(seen) &&
+      std::isfinite(reference_grad_norm) && reference_grad_norm > 0) {
+    const double ratio = seen / reference_grad_norm;
+    const bool scaled = std::abs(ratio / scale - 1) <= kClipNormRelTol;
+    const bool unscaled = std::abs(ratio - 1) <= kClipNormRelTol;
+    Add(r, "optimizer.clip_before_unscale", scaled, ratio, scale,
+        "the clip saw a gradient norm of " + Num(seen) + ", " + Num(ratio) +
+            " times the FP64 reference's " + Num(reference_grad_norm) +
+            (scaled ? ": the loss scale " + Num(scale) +
+                          " times it; the gradients were clipped before they were unscaled, so the "
+                          "step got gradients " +
+                          Num(scale) + " times smaller than the threshold allows"
+             : unscaled
+                 ? " (the unscaled norm, as it should be)"
+                 : " (neither the unscaled norm nor the loss scale " + Num(scale) + " times it)"));
   }
 
   // The update itself, redone in FP64 from the recorded state.

@@ -63,8 +63,14 @@ v1::StageReport RunGradientsStage(const TriageInput& in);
 // FP64 Adam/AdamW from the recorded state and compared with what the trainer's step did: a step
 // on non-finite gradients, frozen parameters that moved, weight decay on parameters the
 // configuration exempts, an lr other than the schedule's, gradients above the clip threshold, and
-// an update that is not the declared optimizer's (optimizer_stage.cc).
-v1::StageReport RunOptimizerStage(const v1::Capsule& c);
+// an update that is not the declared optimizer's (optimizer_stage.cc). `reference_grad_norm`
+// is the FP64 reference backward's global gradient norm (NaN when none ran): against it, the norm
+// the trainer's clip saw tells whether it clipped before unscaling.
+v1::StageReport RunOptimizerStage(const v1::Capsule& c, double reference_grad_norm);
+
+// The clip saw the scaled norm when it is within this relative distance of scale x the reference
+// norm (and the unscaled one when within it of the reference norm).
+inline constexpr double kClipNormRelTol = 1e-2;
 
 // Element bounds of the optimizer comparison: the trainer's parameter after the step may differ
 // from the FP64 one by kOptimizerUlps FP32 units in the last place of the parameter, plus this

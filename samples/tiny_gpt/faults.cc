@@ -10,7 +10,7 @@
 namespace capsule::tiny_gpt {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, const char*>, 16> kKindNames = {{
+constexpr std::array<std::pair<FaultKind, const char*>, 17> kKindNames = {{
     {FaultKind::kNone, "none"},
     {FaultKind::kNan, "nan"},
     {FaultKind::kSoftmaxOverflow, "softmax-overflow"},
@@ -27,13 +27,14 @@ constexpr std::array<std::pair<FaultKind, const char*>, 16> kKindNames = {{
     {FaultKind::kFrozenUpdated, "frozen-updated"},
     {FaultKind::kDecayOnNorm, "decay-on-norm"},
     {FaultKind::kStepOnOverflow, "step-on-overflow"},
+    {FaultKind::kClipBeforeUnscale, "clip-before-unscale"},
 }};
 
 bool KindNeedsLayer(FaultKind kind) {
   return kind != FaultKind::kNone && kind != FaultKind::kBadData && kind != FaultKind::kBadBatch &&
          kind != FaultKind::kLossSum && kind != FaultKind::kLabelsUnshifted &&
          kind != FaultKind::kPadInLoss && kind != FaultKind::kAccumScale &&
-         kind != FaultKind::kDecayOnNorm;
+         kind != FaultKind::kDecayOnNorm && kind != FaultKind::kClipBeforeUnscale;
 }
 
 }  // namespace
@@ -53,7 +54,7 @@ StatusOr<FaultKind> ParseFaultKind(std::string_view name) {
       "tiny_gpt: unknown fault kind '" + std::string(name) +
       "' (use none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
       "loss-sum, labels-unshifted, disconnected, pad-in-loss, accum-scale, frozen-updated, "
-      "decay-on-norm or step-on-overflow)");
+      "decay-on-norm, step-on-overflow or clip-before-unscale)");
 }
 
 std::string FaultSpec::ToString() const {

@@ -31,6 +31,9 @@
 //                     configuration exempts from weight decay
 //   step-on-overflow  the layer's kernel writes NaN at that one step (like `nan`), and the
 //                     trainer runs the optimizer step anyway instead of skipping it
+//   clip-before-unscale  with a loss scale and clipping, the trainer clips the scaled gradients
+//                     (whose norm is the scale times too large) and unscales after, so the step
+//                     gets gradients far smaller than the clip threshold allows
 //
 //   CAPSULE_ASSIGN_OR_RETURN(FaultSpec fault, ParseFaultSpec("tail-block:blocks.2@10"));
 //   CAPSULE_RETURN_IF_ERROR(model->SetFault(fault));
@@ -65,12 +68,13 @@ enum class FaultKind {
   kAccumScale,
   kFrozenUpdated,
   kDecayOnNorm,
-  kStepOnOverflow
+  kStepOnOverflow,
+  kClipBeforeUnscale
 };
 
 // "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient", "loss-sum",
 // "labels-unshifted", "bad-batch", "disconnected", "pad-in-loss", "accum-scale",
-// "frozen-updated", "decay-on-norm", "step-on-overflow".
+// "frozen-updated", "decay-on-norm", "step-on-overflow", "clip-before-unscale".
 const char* FaultKindName(FaultKind kind);
 StatusOr<FaultKind> ParseFaultKind(std::string_view name);
 

@@ -79,6 +79,7 @@ Status TinyGptConfig::Validate() const {
     case FaultKind::kPadInLoss:
     case FaultKind::kAccumScale:
     case FaultKind::kDecayOnNorm:
+    case FaultKind::kClipBeforeUnscale:
       return Status::Ok();
     case FaultKind::kNan:
     case FaultKind::kTransient:

@@ -44,6 +44,11 @@ struct TrainOptions {
   // Pads each sequence to seq_len after a random length in [seq_len / 4, seq_len], with pad id 0,
   // attention and loss masks 0 and label -100 on the padding.
   bool pad = false;
+  // A static loss scale (as a mixed-precision trainer's scaler would hold): the loss is multiplied
+  // by it before backward and the gradients divided by it before the step. 0: none.
+  double loss_scale = 0;
+  // Clip the global gradient norm to this before the step (after unscaling). 0: no clipping.
+  double clip = 0;
   std::string capsule_dir = "capsules";
   std::string key;
   std::string run_name = "tiny";
@@ -145,6 +150,12 @@ int RunTrain(const TrainOptions& o) {
   // nothing to weigh wrongly; pad-in-loss needs padding to count.
   const bool pad = o.pad || config.fault.kind == FaultKind::kAccumScale ||
                    config.fault.kind == FaultKind::kPadInLoss;
+  if (config.fault.kind == FaultKind::kClipBeforeUnscale && (o.loss_scale <= 1 || o.clip <= 0)) {
+    std::cerr << "capsule-tiny-gpt: --inject clip-before-unscale needs --loss-scale above 1 and "
+                 "--clip above 0\n";
+    return 2;
+  }
+  const double scale = o.loss_scale;
   std::vector<at::Tensor> params = model.parameters();
   // Two AdamW groups: decay on matrices and embeddings, none on biases and norm weights. The
   // decay-on-norm fault puts the norm weights in the decay group.
@@ -248,17 +259,20 @@ int RunTrain(const TrainOptions& o) {
                                  : static_cast<double>(TargetTokens(m.batch)) /
                                        static_cast<double>(std::max<int64_t>(step_tokens, 1));
         at::Tensor l = RunSequence(path, m.batch) * share;
-        l.backward();
+        (scale > 1 ? l * scale : l).backward();
         total += l.item<double>();
       }
       loss = total;
     });
-    const double grad_norm = GlobalGradNorm(params);
+    // The gradients are scaled until they are unscaled below; the norm the trainer reports is
+    // the true one.
+    const double grad_norm = GlobalGradNorm(params) / (scale > 1 ? scale : 1.0);
     StepScalars scalars;
     scalars.loss = loss;
     scalars.grad_norm = grad_norm;
     scalars.learning_rate = o.lr;
     scalars.weight_decay = o.weight_decay;
+    if (scale > 1) scalars.loss_scale = scale;
     StepReport report = failed.triggered ? failed : monitor.EndStep(scalars);
     if (step == o.capture_at_step)
       report = monitor.CaptureNow("--capture-at-step " + std::to_string(step));
@@ -267,7 +281,36 @@ int RunTrain(const TrainOptions& o) {
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     OptimizerStepInfo info;
     info.found_inf = !finite;
-    info.order = {"finite_check", "step"};
+    info.loss_scale = scale;
+    info.clip_max_norm = o.clip;
+    // Unscale, then clip the true norm; the clip-before-unscale fault clips the scaled gradients
+    // (whose norm is scale times larger) and unscales after.
+    const bool clip_first = TrainerFaultActive(config.fault, FaultKind::kClipBeforeUnscale, step);
+    auto unscale = [&] {
+      if (scale <= 1) return;
+      at::NoGradGuard no_grad;
+      for (at::Tensor& p : params) {
+        if (p.grad().defined()) p.grad().mul_(1.0 / scale);
+      }
+    };
+    auto clip = [&](double norm) {
+      info.grad_norm_before_clip = norm;
+      if (o.clip <= 0 || !std::isfinite(norm) || norm <= o.clip) return;
+      at::NoGradGuard no_grad;
+      for (at::Tensor& p : params) {
+        if (p.grad().defined()) p.grad().mul_(o.clip / norm);
+      }
+    };
+    if (clip_first) {
+      clip(GlobalGradNorm(params));
+      unscale();
+      info.order = {"finite_check", "clip", "unscale", "step"};
+    } else {
+      unscale();
+      clip(grad_norm);
+      info.order = {"unscale", "finite_check", "clip", "step"};
+    }
+    if (o.clip <= 0) info.grad_norm_before_clip.reset();
     probe.BeforeStep(info);
     if (finite || TrainerFaultActive(config.fault, FaultKind::kStepOnOverflow, step)) {
       optimizer.step();
@@ -335,6 +378,13 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   train->add_option("--accum", o.accum, "Micro-batches per step (gradient accumulation)")
       ->check(CLI::Range(1, 64));
+  train
+      ->add_option("--loss-scale", o.loss_scale,
+                   "Static loss scale: the loss is scaled before backward, the gradients "
+                   "unscaled before the step")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--clip", o.clip, "Clip the global gradient norm to this (after unscaling)")
+      ->check(CLI::NonNegativeNumber);
   train->add_flag("--pad", o.pad,
                   "Pad sequences after a random length (attention and loss masks, label -100)");
   train->add_option("--capsule-dir", o.capsule_dir, "Where capsules are written");
@@ -346,7 +396,7 @@ int main(int argc, char** argv) {
       "--inject", o.inject,
       "Fault: none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
       "loss-sum, labels-unshifted, disconnected, pad-in-loss, accum-scale, frozen-updated, "
-      "decay-on-norm, step-on-overflow");
+      "decay-on-norm, step-on-overflow, clip-before-unscale");
   train->add_option("--inject-layer", o.inject_layer, "Layer of the fault, e.g. blocks.2");
   train->add_option("--inject-step", o.inject_step, "First step of the fault")
       ->check(CLI::NonNegativeNumber);

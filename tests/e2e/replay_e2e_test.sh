@@ -163,6 +163,9 @@ for cfg in "12 1" "40 2"; do
     --seed "$2" --batch-size 2 --accum 4 --inject accum-scale --inject-step 5 --capture-at-step "$1"
   stage_case "decay-on-norm-$1" OPTIMIZER optimizer.decay_on_excluded --steps $(($1 + 1)) \
     --seed "$2" --weight-decay 0.1 --inject decay-on-norm --capture-at-step "$1"
+  stage_case "clip-before-unscale-$1" OPTIMIZER optimizer.clip_before_unscale \
+    --steps $(($1 + 1)) --seed "$2" --loss-scale 1024 --clip 1 --inject clip-before-unscale \
+    --inject-step 5 --capture-at-step "$1"
 done
 stage_case frozen-updated-blocks.1 OPTIMIZER optimizer.frozen_updated --steps 13 --seed 1 \
   --weight-decay 0.1 --inject frozen-updated --inject-layer blocks.1 --inject-step 5 --capture-at-step 12
@@ -172,15 +175,16 @@ stage_case step-on-overflow-blocks.1 OPTIMIZER optimizer.step_on_overflow --step
   --inject step-on-overflow --inject-layer blocks.1 --inject-step 5
 stage_case step-on-overflow-blocks.2 OPTIMIZER optimizer.step_on_overflow --steps 11 --seed 2 \
   --inject step-on-overflow --inject-layer blocks.2 --inject-step 9
-# A clean trainer with every feature the faults need (padding, accumulation, weight decay): every
-# stage runs and passes.
-clean_all=$(record clean-all --steps 13 --seed 3 --pad --accum 3 --weight-decay 0.1 --capture-at-step 12)
+# A clean trainer with every feature the faults need (padding, accumulation, weight decay, a loss
+# scale and clipping): every stage runs and passes.
+clean_all=$(record clean-all --steps 13 --seed 3 --pad --accum 3 --weight-decay 0.1 \
+  --loss-scale 1024 --clip 1 --capture-at-step 12)
 replay_json clean-all "$clean_all"
 rc=$?
 [ $rc -eq 0 ] && [ "$(field clean-all 'd["diagnosis"]')" = NO_DIVERGENCE ] &&
   [ "$(field clean-all '[s["stage"] for s in d["stages"] if s["ran"] and not s["explains"]]')" = "['STAGE_DATA', 'STAGE_OBJECTIVE', 'STAGE_GRADIENTS', 'STAGE_OPTIMIZER', 'STAGE_NUMERICS']" ] ||
   bad clean-all "exit $rc, diagnosis $(field clean-all 'd["diagnosis"]'), failed checks $(failed_checks clean-all)"
-echo "ok: clean capture with padding, 3 micro-batches and weight decay: every stage passes"
+echo "ok: clean capture with padding, 3 micro-batches, weight decay, a loss scale and clipping: every stage passes"
 
 cap=$(record transient --steps 5 --inject transient --inject-layer blocks.2 --inject-step 3)
 replay_json transient "$cap"

@@ -195,7 +195,7 @@ TEST(FaultSpec, ParsesAndFormats) {
         FaultKind::kEps, FaultKind::kBadData, FaultKind::kTransient, FaultKind::kLossSum,
         FaultKind::kLabelsUnshifted, FaultKind::kBadBatch, FaultKind::kDisconnected,
         FaultKind::kPadInLoss, FaultKind::kAccumScale, FaultKind::kFrozenUpdated,
-        FaultKind::kDecayOnNorm, FaultKind::kStepOnOverflow}) {
+        FaultKind::kDecayOnNorm, FaultKind::kStepOnOverflow, FaultKind::kClipBeforeUnscale}) {
     StatusOr<FaultKind> back = ParseFaultKind(FaultKindName(kind));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, kind);
