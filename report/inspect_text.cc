@@ -85,6 +85,51 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
         << data.cursor().epoch() << " shard " << data.cursor().shard() << " offset "
         << data.cursor().offset() << "\n";
   }
+  if (data.micro_batches() > 1) out << "  " << data.micro_batches() << " micro-batches\n";
+  const v1::Objective& obj = c.objective();
+  if (obj.reduction() != v1::LOSS_REDUCTION_UNSPECIFIED || obj.normalizer() > 0) {
+    out << "objective: " << v1::LossReduction_Name(obj.reduction());
+    if (obj.normalizer() > 0) out << " over " << FormatSignificant(obj.normalizer(), 9);
+    if (obj.ranks() > 1) out << " on " << obj.ranks() << " ranks";
+    out << "\n";
+  }
+  const v1::OptimizerStep& opt = c.optimizer();
+  if (opt.params_size() > 0 || opt.groups_size() > 0) {
+    int frozen = 0, exempt = 0;
+    for (const auto& p : opt.params()) {
+      frozen += !p.requires_grad() || p.group() < 0;
+      exempt += p.decay_exempt();
+    }
+    out << "optimizer: " << v1::OptimizerKind_Name(opt.kind()) << ", " << opt.groups_size()
+        << " groups, " << opt.params_size() << " parameters (" << frozen << " frozen, " << exempt
+        << " exempt from decay); step " << (opt.observed_after() ? "observed" : "not observed");
+    if (opt.found_inf()) out << "; the trainer's finite check fired";
+    out << "\n";
+    ShowList(
+        opt.groups(), kMaxListed, out,
+        [&out](const v1::ParamGroup& g) {
+          out << "  group: lr " << FormatSignificant(g.lr(), 6) << ", betas "
+              << FormatSignificant(g.beta1(), 6) << "/" << FormatSignificant(g.beta2(), 6)
+              << ", eps " << FormatSignificant(g.eps(), 3) << ", weight decay "
+              << FormatSignificant(g.weight_decay(), 6) << "\n";
+        },
+        "\n");
+    if (opt.clip_max_norm() > 0 || opt.loss_scale() > 1) {
+      out << "  clip " << FormatSignificant(opt.clip_max_norm(), 6) << " (saw "
+          << FormatSignificant(opt.grad_norm_before_clip(), 6) << "), loss scale "
+          << FormatSignificant(opt.loss_scale(), 6) << "\n";
+    }
+  }
+  if (c.events_size() > 0) {
+    ShowList(
+        c.events(), kMaxListed, out,
+        [&out](const v1::RunEvent& e) {
+          out << "event at step " << e.step() << ": " << PrintableShort(e.kind());
+          if (!e.detail().empty()) out << " (" << PrintableShort(e.detail()) << ")";
+          out << "\n";
+        },
+        "\n");
+  }
   if (c.rng().generators_size() > 0) {
     out << "rng:";
     ShowList(

@@ -22,6 +22,7 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/proto/report.pb.h"
 #include "capsule/report/diff.h"
+#include "capsule/report/inspect_text.h"
 #include "capsule/report/replay_text.h"
 #include "samples/golden/golden_capsules.h"
 
@@ -836,6 +837,55 @@ TEST(DiffTest, ConfigTextDiffPointsAtTheLine) {
   EXPECT_EQ(diff[1].key, "config_text line 2");
   EXPECT_EQ(diff[1].a, "batch: 2");
   EXPECT_EQ(diff[1].b, "batch: 4");
+}
+
+}  // namespace
+}  // namespace capsule
+
+namespace capsule {
+namespace {
+
+TEST(InspectSummaryTest, ShowsTheObjectiveTheOptimizerStepAndEvents) {
+  DecodedCapsule d;
+  d.capsule = std::make_unique<v1::Capsule>(golden::MakeFullCapsule());
+  v1::Capsule& c = *d.capsule;
+  c.mutable_data()->set_micro_batches(4);
+  c.mutable_objective()->set_reduction(v1::TOKEN_MEAN);
+  c.mutable_objective()->set_normalizer(709);
+  v1::OptimizerStep& o = *c.mutable_optimizer();
+  o.set_kind(v1::ADAMW);
+  v1::ParamGroup& g = *o.add_groups();
+  g.set_lr(3e-4);
+  g.set_beta1(0.9);
+  g.set_beta2(0.95);
+  g.set_eps(1e-8);
+  g.set_weight_decay(0.1);
+  v1::ParamStep& p = *o.add_params();
+  p.set_name("w");
+  p.set_requires_grad(false);
+  p.set_decay_exempt(true);
+  o.set_observed_after(true);
+  o.set_clip_max_norm(1);
+  o.set_grad_norm_before_clip(2.5);
+  o.set_loss_scale(1024);
+  v1::RunEvent& e = *c.add_events();
+  e.set_step(900);
+  e.set_kind("data\x1b[31m_mixture");
+  e.set_detail("code 10% -> 20%");
+  const std::string text = RenderInspectSummary("x.capsule", d);
+  EXPECT_NE(text.find("  4 micro-batches\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("objective: TOKEN_MEAN over 709\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("optimizer: ADAMW, 1 groups, 1 parameters (1 frozen, 1 exempt from decay); "
+                      "step observed\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  group: lr 0.0003, betas 0.9/0.95, eps 1e-08, weight decay 0.1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  clip 1 (saw 2.5), loss scale 1024\n"), std::string::npos) << text;
+  // The event's kind comes from the trainer: escaped, never a raw ESC.
+  EXPECT_EQ(text.find('\x1b'), std::string::npos);
+  EXPECT_NE(text.find("event at step 900: data"), std::string::npos) << text;
 }
 
 }  // namespace
