@@ -1,0 +1,223 @@
+"""capsule for Python trainers: failure capsules and deterministic replay over capsule's C++ engine.
+
+The package is a thin layer over the C++ libraries (the ``_capsule`` extension): the Monitor that
+watches a step and writes the signed capsule, its re-run, and replay are the ones the ``capsule``
+command line and C++ trainers use, so a capsule written here is the same file, read by ``capsule
+verify / inspect / report / diff`` unchanged, and replays to the same report.
+
+    import capsule
+
+    model = capsule.Model("my_gpt", net, capsule.stages_of(net, ...))
+    monitor = capsule.Monitor(capsule_dir="capsules", signing_key="trainer.key")
+    monitor.attach(model)
+    for step, batch in enumerate(loader):
+        with monitor.step(step, batch={"input_ids": x, "labels": y}) as s:
+            loss = net(x, y)
+            loss.backward()
+            s.end(loss=loss.item(), grad_norm=grad_norm(net))
+        if s.report["triggered"]:
+            print(s.report["summary"])
+        optimizer.step()
+
+Layers are explicit: a model is a list of named stages ``(name, fn)`` with ``fn(module, x, batch)``
+returning the stage's output; stage i gets stage i-1's output (stage 0 gets the batch's
+``input_ids``, or ``inputs``), the last returns the scalar loss, and a stage named after a
+submodule (``"blocks.3"``) owns that submodule's parameters. Residual adds and activations
+belong inside a stage: that is what makes the layerwise replay and bisect exact. The reference
+path is, by default, a float64 copy of the module on CPU running the same stages; pass
+``reference=`` to use your own (a plain kernel in place of a fused one).
+"""
+import copy
+import json
+import os
+
+import torch
+
+from capsule import _capsule
+
+__all__ = ["Model", "Monitor", "Step", "sequential_stages", "main"]
+
+
+class Model:
+    """A Python model as capsule sees it: named stages over a module, on two paths.
+
+    ``name`` is the name replay looks the model up by (``python3 -m capsule replay FILE --model
+    pkg.mod:factory`` registers ``factory`` under it); ``config`` is a JSON-serialisable dict, or a
+    function returning one at capture time (for runtime state such as the step), stored in the
+    capsule and handed back to the factory.
+    """
+
+    def __init__(self, name, module, stages, config=None, reference=None, reference_stages=None):
+        self.name = name
+        self.module = module
+        self.stages = list(stages)
+        self.config = config if callable(config) else dict(config or {})
+        for stage in self.stages:
+            if not (isinstance(stage, tuple) and len(stage) == 2 and callable(stage[1])):
+                raise TypeError("capsule.Model: each stage is a (name, fn(module, x, batch)) pair")
+        if reference is None:
+            # A float64 copy on CPU, refreshed from the trainer's weights before each use.
+            self.reference = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
+            self._owns_reference = True
+        else:
+            self.reference = reference
+            self._owns_reference = False
+        self.reference_stages = list(reference_stages or self.stages)
+        self._engine = None
+
+    def _config_json(self):
+        config = self.config() if callable(self.config) else self.config
+        return json.dumps(config, sort_keys=True)
+
+    def _sync_reference(self):
+        if not self._owns_reference:
+            return
+        with torch.no_grad():
+            src = dict(self.module.named_parameters())
+            for name, p in self.reference.named_parameters():
+                p.copy_(src[name].detach().to(device="cpu", dtype=torch.float64))
+                p.requires_grad_(src[name].requires_grad)
+
+    def _engine_model(self):
+        if self._engine is None:
+            self._engine = _capsule._Model(
+                self.name, self._config_json, self.module, self.stages, self.reference,
+                self.reference_stages, self._sync_reference)
+        return self._engine
+
+
+def sequential_stages(seq, loss_fn, prefix=""):
+    """Stages for an ``nn.Sequential`` followed by a loss: one stage per child, named by its
+    index, then ``"loss"`` computing ``loss_fn(output, batch)``."""
+    if not isinstance(seq, torch.nn.Sequential):
+        raise TypeError("sequential_stages: an nn.Sequential is needed; write the stages of a "
+                        "module with glue in its forward() by hand")
+    stages = []
+    for name, _ in seq.named_children():
+        path = prefix + name
+        stages.append((path, lambda m, x, b, path=path: m.get_submodule(path)(x)))
+    stages.append(("loss", lambda m, x, b: loss_fn(x, b)))
+    return stages
+
+
+class Step:
+    """One training step under the Monitor (``Monitor.step``). Call ``end(loss=..., grad_norm=...)``
+    inside the block; an exception raised in the block becomes an EXCEPTION capsule and does not
+    propagate (training goes on). ``report`` holds what happened."""
+
+    def __init__(self, monitor, step, batch, cursor, raw_text, sample_ids, tokens_seen):
+        self._monitor = monitor
+        self._args = (step, batch, cursor, raw_text, sample_ids, tokens_seen)
+        self.report = {"triggered": False, "summary": ""}
+        self.exception = None
+
+    def __enter__(self):
+        step, batch, cursor, raw_text, sample_ids, tokens_seen = self._args
+        self._monitor._m.begin_step(step, batch, cursor, raw_text, sample_ids, tokens_seen)
+        return self
+
+    def end(self, loss=None, grad_norm=None, learning_rate=None, loss_scale=None):
+        self.report = self._monitor._m.end_step(_float(loss), _float(grad_norm),
+                                                _float(learning_rate), _float(loss_scale))
+        return self.report
+
+    def capture_now(self, reason):
+        self.report = self._monitor._m.capture_now(reason)
+        return self.report
+
+    def __exit__(self, kind, value, tb):
+        if kind is None or not issubclass(kind, Exception):
+            return False
+        self.exception = value
+        self.report = self._monitor._m.capture_exception(f"{kind.__name__}: {value}")
+        return True
+
+
+def _float(x):
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return float(x.detach().item())
+    return float(x)
+
+
+class Monitor:
+    """The trainer-side hook (C++ ``capsule::Monitor``): triggers on a non-finite or spiking loss or
+    gradient norm, exceptions and requests; writes one signed capsule per trigger within its rate
+    limits; never stops the trainer. Options: capsule_dir, signing_key, run_name, max_capsules,
+    min_steps_between_same_kind, rerun, rank, world_size, device, annotations, log_sink."""
+
+    def __init__(self, **options):
+        self._m = _capsule._Monitor(**options)
+        self._model = None
+
+    def attach(self, model):
+        self._model = model
+        self._m.attach_model(model._engine_model())
+
+    def register_rng(self, name, save, seed=0):
+        """A user RNG stored in capsules: ``save()`` returns its state as bytes or str."""
+        self._m.register_rng(name, lambda: _as_bytes(save()), seed)
+
+    def register_python_rngs(self):
+        """Python's ``random`` and NumPy's global RNG, as ``python.random`` and ``numpy.random``."""
+        import pickle
+        import random
+        self.register_rng("python.random", lambda: pickle.dumps(random.getstate()))
+        try:
+            import numpy
+            self.register_rng("numpy.random", lambda: pickle.dumps(numpy.random.get_state()))
+        except ImportError:
+            pass
+
+    def set_identity(self, files=(), chat_template="", config_text="", code_revision=""):
+        """Hashes identity files (``[(role, path)]``); returns "" or the first error."""
+        return self._m.set_identity(list(files), chat_template, config_text, code_revision)
+
+    def log(self, line):
+        self._m.log(line)
+
+    def add_event(self, step, kind, detail=""):
+        self._m.add_event(step, kind, detail)
+
+    def step(self, step, batch, cursor=None, raw_text=(), sample_ids=(), tokens_seen=0):
+        return Step(self, step, batch, dict(cursor or {}), list(raw_text), list(sample_ids),
+                    tokens_seen)
+
+    @property
+    def capsules_written(self):
+        return self._m.capsules_written
+
+
+def _as_bytes(state):
+    return state if isinstance(state, (bytes, bytearray)) else str(state).encode()
+
+
+def main(argv=None):
+    """``python3 -m capsule SUBCOMMAND ...``: the capsule command line, in this process. For
+    ``replay`` and ``extract``, ``--model pkg.module:factory`` names the function that rebuilds the
+    model from its config dict (it returns a ``capsule.Model``)."""
+    import importlib
+    import sys
+    args = list(sys.argv[1:] if argv is None else argv)
+    factory = None
+    if "--model" in args:
+        i = args.index("--model")
+        if i + 1 >= len(args):
+            print("capsule: --model needs pkg.module:function", file=sys.stderr)
+            return 2
+        spec = args[i + 1]
+        del args[i:i + 2]
+        module_name, _, fn = spec.partition(":")
+        if not fn:
+            print(f"capsule: --model {spec}: want pkg.module:function", file=sys.stderr)
+            return 2
+        made = getattr(importlib.import_module(module_name), fn)
+        factory = lambda config_json: made(json.loads(config_json))
+    name = ""
+    if factory is not None and len(args) >= 2 and os.path.exists(args[1]):
+        try:
+            name = _capsule.registry_name_of(args[1])
+        except RuntimeError:
+            name = ""  # the command itself reports what is wrong with the file
+    return _capsule.cli_main(["capsule"] + args, name, factory)

@@ -1,0 +1,431 @@
+// capsule._capsule: the pybind11 binding the Python package (python/capsule) stands on. It is the
+// C++ engine itself, not a second implementation: the Monitor, its re-run, the capsule builder and
+// writer, the replayer and the command line are the ones the `capsule` CLI and C++ trainers use,
+// so a capsule written from Python is the same signed file and replays to the same report.
+//
+// A Python model reaches the engine as a PyModel: two PyLayerSequences (optimized: the user's
+// module; reference: a float64 copy of it, or the user's own reference module) whose stages are
+// Python callables `stage(module, x, batch) -> tensor`. Tensors cross with zero copy through
+// torch's own pybind11 casters (the same libtorch underneath, docs LIBTORCH-NOTES).
+//
+// Thread safety: everything runs on the calling Python thread with the GIL held.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/python.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "capsule/capture/monitor.h"
+#include "capsule/cli/cli.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/model/layer_sequence.h"
+#include "capsule/model/model.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/replay/model_registry.h"
+
+namespace py = pybind11;
+
+namespace capsule::python {
+namespace {
+
+// The batch as the stages see it: a dict of the LayerBatch's defined tensors.
+py::dict BatchDict(const LayerBatch& b) {
+  py::dict d;
+  const std::pair<const char*, const at::Tensor*> fields[] = {{"input_ids", &b.input_ids},
+                                                              {"inputs", &b.inputs},
+                                                              {"labels", &b.labels},
+                                                              {"attention_mask", &b.attention_mask},
+                                                              {"loss_mask", &b.loss_mask}};
+  for (const auto& [name, t] : fields) {
+    if (t->defined()) d[name] = *t;
+  }
+  d["labels_shifted"] = b.labels_shifted;
+  d["training"] = b.training;
+  return d;
+}
+
+at::Tensor TensorOr(const py::dict& d, const char* key) {
+  if (!d.contains(key) || d[key].is_none()) return {};
+  return d[key].cast<at::Tensor>();
+}
+
+LayerBatch BatchFromDict(const py::dict& d) {
+  LayerBatch b;
+  b.input_ids = TensorOr(d, "input_ids");
+  b.inputs = TensorOr(d, "inputs");
+  b.labels = TensorOr(d, "labels");
+  b.attention_mask = TensorOr(d, "attention_mask");
+  b.loss_mask = TensorOr(d, "loss_mask");
+  if (d.contains("labels_shifted")) b.labels_shifted = d["labels_shifted"].cast<bool>();
+  return b;
+}
+
+// One execution path of a Python model: named stages over a module. A stage named after a
+// submodule ("blocks.3") owns that submodule's parameters, named by their full module path.
+class PyLayerSequence : public LayerSequence {
+ public:
+  PyLayerSequence(py::object module, py::list stages, at::ScalarType dtype)
+      : module_(std::move(module)), dtype_(dtype) {
+    for (const py::handle& s : stages) {
+      py::tuple t = s.cast<py::tuple>();
+      names_.push_back(t[0].cast<std::string>());
+      fns_.push_back(py::reinterpret_borrow<py::object>(t[1]));
+    }
+  }
+
+  size_t size() const override { return names_.size(); }
+  std::string name(size_t i) const override { return names_.at(i); }
+  at::ScalarType compute_dtype() const override { return dtype_; }
+
+  TensorList Forward(size_t i, const TensorList& inputs, const LayerBatch& batch) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object x = inputs.size() == 1 ? py::cast(inputs[0]) : py::cast(inputs);
+      py::object out = fns_.at(i)(module_, x, BatchDict(batch));
+      if (py::isinstance<py::list>(out) || py::isinstance<py::tuple>(out)) {
+        return out.cast<TensorList>();
+      }
+      return {out.cast<at::Tensor>()};
+    } catch (py::error_already_set& e) {
+      // A Python exception in a stage is the model's error, as a c10::Error is in C++: callers
+      // at the library boundary (Monitor, replayer) report it and carry on.
+      throw std::runtime_error("stage " + names_.at(i) + ": " + e.what());
+    }
+  }
+
+  std::vector<NamedTensor> LayerParameters(size_t i) const override {
+    py::gil_scoped_acquire gil;
+    std::vector<NamedTensor> out;
+    const std::string& name = names_.at(i);
+    py::object sub;
+    try {
+      sub = module_.attr("get_submodule")(name);
+    } catch (py::error_already_set&) {
+      return out;  // a stage without a submodule ("loss") owns no parameters
+    }
+    for (const py::handle& item : sub.attr("named_parameters")()) {
+      py::tuple t = item.cast<py::tuple>();
+      out.emplace_back(name + "." + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+    }
+    return out;
+  }
+
+  const py::object& module() const { return module_; }
+
+ private:
+  py::object module_;
+  at::ScalarType dtype_;
+  std::vector<std::string> names_;
+  std::vector<py::object> fns_;
+};
+
+// A Python model: the optimized path over the trainer's module and a reference path. `sync`, when
+// given, is called before the reference path is used, so a float64 copy follows the trainer's
+// current weights (python/capsule/__init__.py makes it).
+class PyModel : public Model {
+ public:
+  PyModel(std::string name, py::object config_json, py::object module, py::list stages,
+          py::object reference_module, py::list reference_stages, py::object sync)
+      : name_(std::move(name)),
+        config_json_(std::move(config_json)),
+        optimized_(std::move(module), std::move(stages), at::kFloat),
+        reference_(std::move(reference_module), std::move(reference_stages), at::kDouble),
+        sync_(std::move(sync)) {}
+
+  LayerSequence& Path(PathKind kind) override {
+    if (kind == PathKind::kReference) {
+      if (!sync_.is_none()) {
+        py::gil_scoped_acquire gil;
+        sync_();
+      }
+      return reference_;
+    }
+    return optimized_;
+  }
+
+  std::vector<NamedTensor> NamedParameters() const override {
+    py::gil_scoped_acquire gil;
+    std::vector<NamedTensor> out;
+    for (const py::handle& item : optimized_.module().attr("named_parameters")()) {
+      py::tuple t = item.cast<py::tuple>();
+      out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+    }
+    return out;
+  }
+
+  // The config is asked for at capture time: it may hold runtime state (the step, a fault).
+  ModelSpecInfo Spec() const override {
+    py::gil_scoped_acquire gil;
+    return {name_, config_json_().cast<std::string>()};
+  }
+
+ private:
+  std::string name_;
+  py::object config_json_;  // () -> JSON text
+  PyLayerSequence optimized_;
+  PyLayerSequence reference_;
+  py::object sync_;
+};
+
+py::dict ReportDict(const StepReport& r) {
+  py::dict d;
+  d["triggered"] = r.triggered;
+  d["trigger"] = std::string(r.triggered ? TriggerKindName(r.trigger) : "");
+  d["summary"] = r.summary;
+  d["capsule_path"] = r.capsule_path;
+  d["ok"] = r.status.ok();
+  d["error"] = r.status.ok() ? std::string() : r.status.message();
+  d["rate_limited"] = r.rate_limited;
+  d["first_anomalous_layer"] = r.first_anomalous_layer;
+  d["rerun_reproduced"] = r.rerun_reproduced;
+  return d;
+}
+
+// The Monitor with the Python model it watches kept alive beside it.
+struct PyMonitor {
+  explicit PyMonitor(MonitorOptions options) : monitor(std::move(options)) {}
+  Monitor monitor;
+  std::shared_ptr<PyModel> model;
+};
+
+MonitorOptions OptionsFrom(const py::kwargs& kw) {
+  MonitorOptions o;
+  o.log_sink = nullptr;
+  for (const auto& [k, v] : kw) {
+    const std::string key = k.cast<std::string>();
+    if (key == "capsule_dir")
+      o.capsule_dir = v.cast<std::string>();
+    else if (key == "signing_key")
+      o.signing_key_path = v.cast<std::string>();
+    else if (key == "run_name")
+      o.run_name = v.cast<std::string>();
+    else if (key == "max_capsules")
+      o.max_capsules = v.cast<int>();
+    else if (key == "min_steps_between_same_kind")
+      o.min_steps_between_same_kind = v.cast<int64_t>();
+    else if (key == "rerun")
+      o.rerun = v.cast<bool>();
+    else if (key == "rank")
+      o.rank = v.cast<int>();
+    else if (key == "world_size")
+      o.world_size = v.cast<int>();
+    else if (key == "device")
+      o.device = v.cast<std::string>();
+    else if (key == "annotations")
+      o.annotations = v.cast<std::map<std::string, std::string>>();
+    else if (key == "log_sink") {
+      py::function f = v.cast<py::function>();
+      o.log_sink = [f](const std::string& line) {
+        py::gil_scoped_acquire gil;
+        f(line);
+      };
+    } else {
+      throw py::type_error("Monitor: unknown option '" + key + "'");
+    }
+  }
+  return o;
+}
+
+}  // namespace
+}  // namespace capsule::python
+
+using capsule::DataCursor;
+using capsule::IdentityInfo;
+using capsule::InvalidArgumentError;
+using capsule::LayerSequence;
+using capsule::Model;
+using capsule::ModelRegistry;
+using capsule::ModelSpecInfo;
+using capsule::NamedTensor;
+using capsule::PathKind;
+using capsule::ReadCapsuleFile;
+using capsule::ReadOptions;
+using capsule::Status;
+using capsule::StatusOr;
+using capsule::StepBatch;
+using capsule::StepScalars;
+using capsule::python::BatchFromDict;
+using capsule::python::OptionsFrom;
+using capsule::python::PyModel;
+using capsule::python::PyMonitor;
+using capsule::python::ReportDict;
+
+PYBIND11_MODULE(_capsule, m) {
+  m.doc() = "capsule's C++ engine: Monitor, replay and the command line (see the capsule package)";
+
+  py::class_<PyModel, std::shared_ptr<PyModel>>(m, "_Model")
+      .def(py::init<std::string, py::object, py::object, py::list, py::object, py::list,
+                    py::object>(),
+           py::arg("name"), py::arg("config_json"), py::arg("module"), py::arg("stages"),
+           py::arg("reference_module"), py::arg("reference_stages"), py::arg("sync"));
+
+  py::class_<PyMonitor>(m, "_Monitor")
+      .def(py::init([](const py::kwargs& kw) { return new PyMonitor(OptionsFrom(kw)); }))
+      .def("attach_model",
+           [](PyMonitor& self, std::shared_ptr<PyModel> model) {
+             self.model = std::move(model);
+             self.monitor.AttachModel(self.model.get(), PathKind::kOptimized);
+           })
+      .def("register_rng",
+           [](PyMonitor& self, const std::string& name, py::function save, uint64_t seed) {
+             self.monitor.RegisterRng(
+                 name,
+                 [save]() {
+                   py::gil_scoped_acquire gil;
+                   return save().cast<std::string>();
+                 },
+                 seed);
+           })
+      .def("log", [](PyMonitor& self, const std::string& line) { self.monitor.Log(line); })
+      .def("add_event",
+           [](PyMonitor& self, int64_t step, const std::string& kind, const std::string& detail) {
+             self.monitor.AddEvent(step, kind, detail);
+           })
+      .def("set_identity",
+           [](PyMonitor& self, const std::vector<std::pair<std::string, std::string>>& files,
+              const std::string& chat_template, const std::string& config_text,
+              const std::string& code_revision) {
+             IdentityInfo info;
+             for (const auto& [role, path] : files) info.files.push_back({role, path});
+             info.chat_template = chat_template;
+             info.config_text = config_text;
+             info.code_revision = code_revision;
+             Status s = self.monitor.SetIdentity(info);
+             return s.ok() ? std::string() : s.message();
+           })
+      .def("begin_step",
+           [](PyMonitor& self, int64_t step, const py::dict& batch, const py::dict& cursor,
+              const std::vector<std::string>& raw_text, const std::vector<std::string>& sample_ids,
+              int64_t tokens_seen) {
+             DataCursor c;
+             if (cursor.contains("epoch")) c.epoch = cursor["epoch"].cast<int64_t>();
+             if (cursor.contains("shard")) c.shard = cursor["shard"].cast<int64_t>();
+             if (cursor.contains("offset")) c.offset = cursor["offset"].cast<int64_t>();
+             if (cursor.contains("sample_indices")) {
+               c.sample_indices = cursor["sample_indices"].cast<std::vector<int64_t>>();
+             }
+             if (cursor.contains("sampler_rng")) {
+               c.sampler_rng = cursor["sampler_rng"].cast<std::string>();
+             }
+             StepBatch b;
+             b.tensors = BatchFromDict(batch);
+             b.raw_text = raw_text;
+             b.sample_ids = sample_ids;
+             b.tokens_seen = tokens_seen;
+             py::gil_scoped_release no_gil;  // the engine takes the GIL when it calls Python
+             self.monitor.BeginStep(step, c, b);
+           })
+      .def("end_step",
+           [](PyMonitor& self, std::optional<double> loss, std::optional<double> grad_norm,
+              std::optional<double> learning_rate, std::optional<double> loss_scale) {
+             StepScalars s;
+             s.loss = loss;
+             s.grad_norm = grad_norm;
+             s.learning_rate = learning_rate;
+             s.loss_scale = loss_scale;
+             capsule::StepReport r;
+             {
+               // A trigger re-runs the step through the Python stages and runs autograd, which
+               // must not be entered with the GIL held.
+               py::gil_scoped_release no_gil;
+               r = self.monitor.EndStep(s);
+             }
+             return ReportDict(r);
+           })
+      .def("capture_now",
+           [](PyMonitor& self, const std::string& reason) {
+             capsule::StepReport r;
+             {
+               py::gil_scoped_release no_gil;
+               r = self.monitor.CaptureNow(reason);
+             }
+             return ReportDict(r);
+           })
+      .def("capture_exception",
+           [](PyMonitor& self, const std::string& what) {
+             // The exception happened in Python; RunStep turns it into the EXCEPTION capture it
+             // makes of a C++ step that throws.
+             capsule::StepReport r;
+             {
+               py::gil_scoped_release no_gil;
+               r = self.monitor.RunStep([&what] { throw std::runtime_error(what); });
+             }
+             return ReportDict(r);
+           })
+      .def_property_readonly("capsules_written",
+                             [](const PyMonitor& self) { return self.monitor.capsules_written(); })
+      .def_property_readonly("captures_failed",
+                             [](const PyMonitor& self) { return self.monitor.captures_failed(); });
+
+  m.def(
+      "registry_name_of",
+      [](const std::string& path) {
+        // The model a capsule names, to register the user's factory under it before replay.
+        // Trust is the replay's business: it verifies the file again, with the user's keys.
+        ReadOptions o;
+        o.allow_unsigned = true;
+        o.allow_untrusted = true;
+        auto d = ReadCapsuleFile(path, o);
+        if (!d.ok()) throw std::runtime_error(d.status().message());
+        return d->capsule->model().registry_name();
+      },
+      py::arg("path"));
+
+  m.def(
+      "cli_main",
+      [](const std::vector<std::string>& args, const std::string& model_name, py::object factory) {
+        // The `capsule` command line in this process, with `factory` registered for replay.
+        ModelRegistry registry;
+        if (!model_name.empty() && !factory.is_none()) {
+          Status s = registry.Register(
+              model_name, [factory](const ModelSpecInfo& spec) -> StatusOr<std::unique_ptr<Model>> {
+                py::gil_scoped_acquire gil;
+                try {
+                  py::object made = factory(spec.config_json);
+                  auto model = made.attr("_engine_model")().cast<std::shared_ptr<PyModel>>();
+                  // The registry owns a unique_ptr; the Python object keeps the shared one alive
+                  // through this wrapper.
+                  struct Holder : Model {
+                    std::shared_ptr<PyModel> m;
+                    py::object keep;
+                    // Replay drops the model without the GIL; its Python objects need it.
+                    ~Holder() override {
+                      py::gil_scoped_acquire gil;
+                      m.reset();
+                      keep = py::object();
+                    }
+                    LayerSequence& Path(PathKind k) override { return m->Path(k); }
+                    std::vector<NamedTensor> NamedParameters() const override {
+                      return m->NamedParameters();
+                    }
+                    ModelSpecInfo Spec() const override { return m->Spec(); }
+                  };
+                  auto h = std::make_unique<Holder>();
+                  h->m = std::move(model);
+                  h->keep = made;
+                  return std::unique_ptr<Model>(std::move(h));
+                } catch (py::error_already_set& e) {
+                  return InvalidArgumentError(std::string("model factory: ") + e.what());
+                }
+              });
+          if (!s.ok()) throw std::runtime_error(s.message());
+        }
+        std::vector<std::string> argv_storage = args;
+        std::vector<char*> argv;
+        for (std::string& a : argv_storage) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        int rc = 0;
+        {
+          py::gil_scoped_release no_gil;
+          rc = capsule::cli::Main(static_cast<int>(argv_storage.size()), argv.data(), registry);
+        }
+        std::fflush(stdout);
+        return rc;
+      },
+      py::arg("args"), py::arg("model_name") = "", py::arg("factory") = py::none());
+}
