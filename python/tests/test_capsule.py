@@ -1,0 +1,192 @@
+"""The Python package end to end: py_tiny_gpt trains under capsule.Monitor, the C++ `capsule` CLI
+verifies what it wrote, and `python3 -m capsule replay` (the C++ replayer driving the Python
+stages) names the same diagnosis and first bad layer as for the C++ sample.
+
+Run by ctest (python_tests) with PYTHONPATH holding build/python and samples/py_tiny_gpt, and
+CAPSULE_CLI naming the built `capsule` executable.
+"""
+import copy
+import json
+import math
+import os
+import pathlib
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import capsule
+import py_tiny_gpt as ptg
+
+CLI = os.environ.get("CAPSULE_CLI", "capsule")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keys")
+    subprocess.run([CLI, "keygen", "--out", str(d / "k")], check=True, capture_output=True)
+    return d / "k.key", d / "k.pub"
+
+
+def train(tmp_path, keys, *args):
+    out = tmp_path / "caps"
+    argv = ["--quiet", "--capsule-dir", str(out), "--key", str(keys[0])] + list(args)
+    assert ptg.train(ptg.parse(argv)) == 0
+    return sorted(out.glob("*.capsule")) if out.exists() else []
+
+
+def replay(cap, keys, *args):
+    r = subprocess.run([sys.executable, "-m", "capsule", "replay", str(cap), "--model",
+                        "py_tiny_gpt:factory", "--pubkey", str(keys[1]), "--json"] + list(args),
+                       capture_output=True, text=True)
+    assert r.stdout, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("kind,layer,extra", [
+    ("nan", "blocks.2", ["--steps", "6", "--inject-step", "4"]),
+    ("softmax-overflow", "blocks.1", ["--steps", "6", "--inject-step", "4"]),
+    ("tail-block", "blocks.1", ["--steps", "6", "--inject-step", "2", "--capture-at-step", "4"]),
+    ("eps", "blocks.3", ["--steps", "6", "--inject-step", "2", "--capture-at-step", "4"]),
+])
+def test_layer_faults_replay_to_numerics_at_their_layer(tmp_path, keys, kind, layer, extra):
+    caps = train(tmp_path, keys, "--inject", kind, "--inject-layer", layer, *extra)
+    assert len(caps) == 1
+    v = subprocess.run([CLI, "verify", str(caps[0]), "--pubkey", str(keys[1])],
+                       capture_output=True, text=True)
+    assert v.returncode == 0 and ": OK, signed by key" in v.stdout, v.stdout + v.stderr
+    rc, d = replay(caps[0], keys, "--bisect")
+    assert rc == 1
+    assert d["diagnosis"] == "NUMERICS", d.get("diagnosis_text")
+    assert d["first_divergent_layer"] == layer
+    assert d["bisect"]["first_bad_layer"] == layer
+    n = len(d["bisect"]["probe_log"])
+    assert n <= math.ceil(math.log2(8)) + 1
+
+
+def test_bad_data_names_the_sample(tmp_path, keys):
+    caps = train(tmp_path, keys, "--steps", "62", "--batch-size", "2", "--seed", "1",
+                 "--inject", "bad-data", "--inject-step", "60")
+    assert caps, "the loss spike did not fire"
+    rc, d = replay(caps[0], keys)
+    assert rc == 1
+    assert d["diagnosis"] == "DATA"
+    failed = [f for s in d["stages"] for f in s["findings"] if f.get("failed")]
+    assert failed[0]["check"] == "data.bad_sample" and failed[0].get("sample_index", 0) == 0
+
+
+def test_transient_does_not_reproduce(tmp_path, keys):
+    caps = train(tmp_path, keys, "--steps", "5", "--inject", "transient", "--inject-layer",
+                 "blocks.1", "--inject-step", "3")
+    assert len(caps) == 1
+    rc, d = replay(caps[0], keys)
+    assert rc == 1
+    assert d["fidelity"] == "NOT_REPRODUCED" and d["diagnosis"] == "TRANSIENT"
+
+
+def test_clean_run_writes_nothing_and_a_manual_capture_agrees(tmp_path, keys):
+    assert train(tmp_path, keys, "--steps", "6") == []
+    caps = train(tmp_path, keys, "--steps", "6", "--capture-at-step", "4")
+    assert len(caps) == 1
+    rc, d = replay(caps[0], keys, "--bisect")
+    assert rc == 0, d.get("diagnosis_text")
+    assert d["diagnosis"] == "NO_DIVERGENCE"
+    assert d["fidelity"] == "REPRODUCED_EXACT"
+
+
+def small_setup(tmp_path, keys):
+    net = ptg.PyTinyGpt({"n_layers": 2, "seed": 3})
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              log_sink=lambda line: None)
+    monitor.attach(ptg.engine_model(net))
+    loader = ptg.Loader(4, 32, 3)
+    return net, monitor, loader
+
+
+def run_step(net, x, y):
+    h = x
+    for _, fn in ptg.stages(net)[:-1]:
+        h = fn(net, h, {"labels": y})
+    return ptg.stages(net)[-1][1](net, h, {"labels": y})
+
+
+def test_an_exception_in_the_step_becomes_a_capsule_and_training_goes_on(tmp_path, keys):
+    net, monitor, loader = small_setup(tmp_path, keys)
+    x, y, cursor = loader.next()
+    with monitor.step(0, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
+        raise ValueError("shapes do not match")
+    assert isinstance(s.exception, ValueError)
+    assert s.report["trigger"] == "EXCEPTION"
+    assert s.report["capsule_path"], s.report["summary"]
+    info = subprocess.run([CLI, "inspect", s.report["capsule_path"], "--pubkey", str(keys[1])],
+                          capture_output=True, text=True)
+    assert "EXCEPTION" in info.stdout and "shapes do not match" in info.stdout
+    # The next step runs as usual.
+    x, y, cursor = loader.next()
+    with monitor.step(1, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
+        loss = run_step(net, x, y)
+        loss.backward()
+        s.end(loss=loss, grad_norm=ptg.grad_norm(net))
+    assert s.exception is None and not s.report["triggered"]
+
+
+def test_a_capture_leaves_parameters_gradients_and_rngs_untouched(tmp_path, keys):
+    net, monitor, loader = small_setup(tmp_path, keys)
+    monitor.register_python_rngs()
+    x, y, cursor = loader.next()
+    torch.manual_seed(11)
+    random.seed(5)
+    with monitor.step(0, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
+        loss = run_step(net, x, y)
+        loss.backward()
+        params = {n: p.detach().clone() for n, p in net.named_parameters()}
+        grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+        torch_rng = torch.get_rng_state()
+        py_rng = random.getstate()
+        s.end(loss=loss, grad_norm=ptg.grad_norm(net))
+        s.capture_now("test")
+    assert s.report["capsule_path"], s.report["summary"]
+    for n, p in net.named_parameters():
+        assert torch.equal(p.detach(), params[n]), n
+        assert torch.equal(p.grad, grads[n]), n
+    assert torch.equal(torch.get_rng_state(), torch_rng)
+    assert random.getstate() == py_rng
+
+
+def test_a_python_and_a_cpp_capsule_of_the_same_kind_compare_with_diff(tmp_path, keys):
+    caps = train(tmp_path, keys, "--steps", "3", "--capture-at-step", "2")
+    cpp_dir = tmp_path / "cpp"
+    trainer = os.environ.get("CAPSULE_TINY_GPT")
+    if not trainer:
+        pytest.skip("CAPSULE_TINY_GPT (the C++ sample trainer) is not set")
+    subprocess.run([trainer, "train", "--quiet", "--steps", "3", "--capture-at-step", "2",
+                    "--capsule-dir", str(cpp_dir), "--key", str(keys[0])], check=True,
+                   capture_output=True)
+    cpp = sorted(cpp_dir.glob("*.capsule"))
+    r = subprocess.run([CLI, "diff", str(caps[0]), str(cpp[0]), "--pubkey", str(keys[1])],
+                       capture_output=True, text=True)
+    # Same step and trigger, different models and writers' runs: diff reads both and differs.
+    assert r.returncode == 1, r.stderr
+    assert "py_tiny_gpt" in r.stdout and "tiny_gpt" in r.stdout
+
+
+def test_readme_python_snippet_runs(tmp_path, keys):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Python"):]
+    snippet = re.search(r"```python\n(.*?)\n```", section, re.S).group(1)
+    net, _, loader = small_setup(tmp_path, keys)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    batches = []
+    for _ in range(3):
+        x, y, _ = loader.next()
+        batches.append({"input_ids": x, "labels": y})
+    env = {"capsule": capsule, "net": net, "stages": ptg.stages(net), "batches": batches,
+           "optimizer": optimizer, "capsule_dir": str(tmp_path / "readme"),
+           "key": str(keys[0]), "grad_norm": ptg.grad_norm,
+           "forward": lambda b: run_step(net, b["input_ids"], b["labels"])}
+    exec(compile(snippet, "README.md (Python)", "exec"), env)
+    assert env["monitor"].capsules_written == 0
