@@ -190,3 +190,30 @@ def test_readme_python_snippet_runs(tmp_path, keys):
            "forward": lambda b: run_step(net, b["input_ids"], b["labels"])}
     exec(compile(snippet, "README.md (Python)", "exec"), env)
     assert env["monitor"].capsules_written == 0
+
+
+def test_sequential_stages_run_the_module_and_a_nan_names_its_child(tmp_path, keys):
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    loss_fn = lambda out, batch: torch.nn.functional.mse_loss(out, batch["labels"])
+    stages = capsule.sequential_stages(seq, loss_fn)
+    assert [name for name, _ in stages] == ["0", "1", "2", "loss"]
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    h = x
+    for _, fn in stages[:-1]:
+        h = fn(seq, h, {"labels": y})
+    assert torch.equal(h, seq(x))
+    with pytest.raises(TypeError, match="nn.Sequential"):
+        capsule.sequential_stages(torch.nn.Linear(2, 2), loss_fn)
+    # A NaN in the second linear layer's weights: the capsule names layer "2" as first anomalous.
+    with torch.no_grad():
+        seq[2].weight[0, 0] = float("nan")
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              log_sink=lambda line: None)
+    monitor.attach(capsule.Model("mlp", seq, stages))
+    with monitor.step(0, batch={"inputs": x, "labels": y}) as s:
+        loss = loss_fn(seq(x), {"labels": y})
+        loss.backward()
+        s.end(loss=loss)
+    assert s.report["trigger"] == "NON_FINITE_LOSS"
+    assert s.report["first_anomalous_layer"] == "2", s.report["summary"]
