@@ -35,7 +35,7 @@ import torch
 
 from capsule import _capsule
 
-__all__ = ["Model", "Monitor", "Step", "sequential_stages", "main"]
+__all__ = ["Model", "Monitor", "Step", "check_stages", "sequential_stages", "main"]
 
 
 class Model:
@@ -98,6 +98,26 @@ def sequential_stages(seq, loss_fn, prefix=""):
         stages.append((path, lambda m, x, b, path=path: m.get_submodule(path)(x)))
     stages.append(("loss", lambda m, x, b: loss_fn(x, b)))
     return stages
+
+
+def check_stages(module, stages, batch, forward, rtol=1e-6):
+    """Refuses stages that do not compute what the module's own forward computes.
+
+    Runs the stages on ``batch`` and ``forward(module, batch)`` (the trainer's loss) and raises
+    ValueError, with both values, when they differ: the forward has glue (a residual add, an
+    activation, a scale) that the stages miss, so layerwise replay and bisect would judge another
+    model. Returns the loss the stages computed."""
+    x = batch["inputs"] if batch.get("inputs") is not None else batch["input_ids"]
+    with torch.no_grad():
+        for _, fn in stages:
+            x = fn(module, x, batch)
+        expected = forward(module, batch)
+    got, want = float(x), float(expected)
+    if not abs(got - want) <= rtol * max(abs(got), abs(want), 1e-30):
+        raise ValueError(f"capsule: the stages compute a loss of {got:.9g}, the module's forward "
+                         f"{want:.9g}: its forward has glue the stages miss (a residual add, an "
+                         f"activation, a scale); put it inside a stage")
+    return got
 
 
 class Step:

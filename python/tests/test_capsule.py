@@ -217,3 +217,27 @@ def test_sequential_stages_run_the_module_and_a_nan_names_its_child(tmp_path, ke
         s.end(loss=loss)
     assert s.report["trigger"] == "NON_FINITE_LOSS"
     assert s.report["first_anomalous_layer"] == "2", s.report["summary"]
+
+
+def test_check_stages_refuses_glue_the_stages_miss():
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.b(x + torch.relu(self.a(x)))  # a residual add and an activation
+
+    torch.manual_seed(0)
+    net = Residual()
+    batch = {"inputs": torch.randn(3, 4), "labels": torch.randn(3, 1)}
+    forward = lambda m, b: torch.nn.functional.mse_loss(m(b["inputs"]), b["labels"])
+    loss = lambda m, x, b: torch.nn.functional.mse_loss(x, b["labels"])
+    missing_glue = [("a", lambda m, x, b: m.a(x)), ("b", lambda m, x, b: m.b(x)), ("loss", loss)]
+    with pytest.raises(ValueError, match="glue the stages miss"):
+        capsule.check_stages(net, missing_glue, batch, forward)
+    with_glue = [("a", lambda m, x, b: x + torch.relu(m.a(x))), ("b", lambda m, x, b: m.b(x)),
+                 ("loss", loss)]
+    assert capsule.check_stages(net, with_glue, batch, forward) == pytest.approx(
+        float(forward(net, batch)))
