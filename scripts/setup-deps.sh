@@ -20,6 +20,7 @@ packages=(
   go-md2man                                  # the man page capsule(1) from cli/capsule.md
   python3-torch python3-numpy                # PyTorch 1.13 (CPU, the same release as libtorch-dev), NumPy
   pybind11-dev python3-pytest                # C++ bindings for Python, and pytest
+  python3-pip python3-setuptools             # pip install --no-build-isolation ./python
   libgloo-dev                                # Gloo: CPU collectives for multi-process runs
 )
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `pip install --no-build-isolation` from the checkout, with no index: the package builds (in the
+# given build directory), installs, imports from the install and runs the command line.
+# Usage: pip_install_test.sh PYTHON PYTHON_SOURCE_DIR BUILD_DIR
+set -euo pipefail
+python=$1
+src=$2
+build=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -r "$src" "$work/src"   # pip writes build/ and *.egg-info beside setup.py: not in the checkout
+rm -rf "$work/src/build" "$work/src"/*.egg-info
+CAPSULE_BUILD_DIR=$build "$python" -m pip install --no-build-isolation --no-index --no-deps \
+  --target "$work/site" "$work/src" > "$work/pip.log" 2>&1 || { cat "$work/pip.log"; exit 1; }
+cd "$work"
+PYTHONPATH=$work/site "$python" - <<'PY'
+import capsule, os, sys
+site = os.environ["PYTHONPATH"]
+assert capsule.__file__.startswith(site), capsule.__file__
+assert capsule._capsule.__file__.startswith(site), capsule._capsule.__file__
+PY
+PYTHONPATH=$work/site "$python" -m capsule keygen --out "$work/k" > /dev/null
+[ -s "$work/k.key" ] && [ -s "$work/k.pub" ] || { echo "FAIL: keygen wrote no key"; exit 1; }
+PYTHONPATH=$work/site "$python" -m capsule frobnicate > /dev/null 2> "$work/err" && exit 1
+grep -q "unknown command 'frobnicate'" "$work/err" || { cat "$work/err"; exit 1; }
+echo "ok: pip installed capsule from the checkout; it imports and runs the command line"
