@@ -205,6 +205,11 @@ class Monitor {
   // A trainer RNG (e.g. the data sampler) to store in capsules: `save` returns its state bytes.
   void RegisterRng(const std::string& name, std::function<std::string()> save, uint64_t seed = 0);
 
+  // Adds or replaces an annotation stored in every later capsule (MonitorOptions::annotations).
+  void Annotate(const std::string& key, const std::string& value) {
+    options_.annotations[key] = value;
+  }
+
   // Appends a line to the log ring stored in capsules.
   void Log(const std::string& line);
 

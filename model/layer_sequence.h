@@ -59,6 +59,14 @@ struct LayerBatch {
   const at::Tensor& ModelInput() const { return inputs.defined() ? inputs : input_ids; }
 };
 
+// A tensor a sequence saw inside one of its layers (a Python model's module hooks), named by the
+// module path that produced it: a forward output, or the gradient of one (`backward`).
+struct ObservedTensor {
+  std::string name;
+  bool backward = false;
+  at::Tensor value;
+};
+
 class LayerSequence {
  public:
   virtual ~LayerSequence() = default;
@@ -75,6 +83,11 @@ class LayerSequence {
 
   // The floating dtype this path computes in (kDouble for REFERENCE, kFloat for most OPTIMIZED).
   virtual at::ScalarType compute_dtype() const = 0;
+
+  // What the sequence saw inside its layers since the last call, in the order it appeared (a
+  // model observed through hooks rather than described stage by stage). Capture records their
+  // statistics beside the layers'. Default: nothing.
+  virtual std::vector<ObservedTensor> TakeObserved() { return {}; }
 };
 
 // Runs every layer of `seq` on `batch` and returns the loss.

@@ -25,8 +25,10 @@ std::string DescribeNonFinite(const HealthStats& s, const char* what) {
 
 }  // namespace
 
-StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
-                                const ProbeOptions& options) {
+namespace {
+
+StatusOr<ProbeResult> ProbeLayers(LayerSequence& seq, const LayerBatch& batch,
+                                  const ProbeOptions& options) {
   ProbeResult r;
   TensorList x = {batch.ModelInput()};
   for (size_t i = 0; i < seq.size(); ++i) {
@@ -123,6 +125,28 @@ StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
         break;
       }
     }
+  }
+  return r;
+}
+
+}  // namespace
+
+StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
+                                const ProbeOptions& options) {
+  StatusOr<ProbeResult> r = ProbeLayers(seq, batch, options);
+  // Whatever the run saw inside its layers is taken even when it failed, so the next run starts
+  // from nothing.
+  std::vector<ObservedTensor> seen = seq.TakeObserved();
+  if (!r.ok()) return r;
+  for (ObservedTensor& t : seen) {
+    ObservedRecord rec;
+    rec.name = std::move(t.name);
+    rec.backward = t.backward;
+    rec.value = std::move(t.value);
+    if (rec.value.defined() && rec.value.is_floating_point()) {
+      CAPSULE_ASSIGN_OR_RETURN(rec.stats, ComputeHealthStats(rec.value));
+    }
+    r->observed.push_back(std::move(rec));
   }
   return r;
 }

@@ -44,6 +44,14 @@ struct ParameterGrad {
   at::Tensor grad;    // undefined when the loss does not depend on the parameter
 };
 
+// A tensor seen inside a layer (LayerSequence::TakeObserved), with its statistics.
+struct ObservedRecord {
+  std::string name;
+  bool backward = false;
+  at::Tensor value;
+  HealthStats stats;
+};
+
 struct ProbeResult {
   std::vector<LayerRecord> layers;  // in execution order; fewer than seq.size() if a layer threw
   std::vector<ParameterGrad>
@@ -58,6 +66,8 @@ struct ProbeResult {
   AnomalyPhase anomaly_phase = AnomalyPhase::kNone;
   std::string anomaly_reason;
   std::string error;  // what a throwing layer said; layers stops there
+  // What the sequence saw inside its layers, in order (empty for sequences that do not observe).
+  std::vector<ObservedRecord> observed;
 };
 
 struct ProbeOptions {

@@ -69,12 +69,15 @@ LayerBatch BatchFromDict(const py::dict& d) {
 // submodule ("blocks.3") owns that submodule's parameters, named by their full module path.
 class PyLayerSequence : public LayerSequence {
  public:
-  PyLayerSequence(py::object module, py::list stages, at::ScalarType dtype)
-      : module_(std::move(module)), dtype_(dtype) {
+  PyLayerSequence(py::object module, py::list stages, at::ScalarType dtype, py::object observed)
+      : module_(std::move(module)), dtype_(dtype), observed_(std::move(observed)) {
     for (const py::handle& s : stages) {
       py::tuple t = s.cast<py::tuple>();
       names_.push_back(t[0].cast<std::string>());
       fns_.push_back(py::reinterpret_borrow<py::object>(t[1]));
+      // An optional third element names the submodule whose parameters the stage owns ("" for the
+      // whole module); by default, the submodule the stage is named after.
+      owners_.push_back(t.size() > 2 ? t[2].cast<std::string>() : names_.back());
     }
   }
 
@@ -101,27 +104,42 @@ class PyLayerSequence : public LayerSequence {
   std::vector<NamedTensor> LayerParameters(size_t i) const override {
     py::gil_scoped_acquire gil;
     std::vector<NamedTensor> out;
-    const std::string& name = names_.at(i);
+    const std::string& owner = owners_.at(i);
     py::object sub;
     try {
-      sub = module_.attr("get_submodule")(name);
+      sub = module_.attr("get_submodule")(owner);
     } catch (py::error_already_set&) {
       return out;  // a stage without a submodule ("loss") owns no parameters
     }
+    const std::string prefix = owner.empty() ? "" : owner + ".";
     for (const py::handle& item : sub.attr("named_parameters")()) {
       py::tuple t = item.cast<py::tuple>();
-      out.emplace_back(name + "." + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+      out.emplace_back(prefix + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
     }
     return out;
   }
 
   const py::object& module() const { return module_; }
 
+  // An observe-only model's hooks: `observed()` returns and clears [(name, backward, tensor)].
+  std::vector<ObservedTensor> TakeObserved() override {
+    if (observed_.is_none()) return {};
+    py::gil_scoped_acquire gil;
+    std::vector<ObservedTensor> out;
+    for (const py::handle& item : observed_()) {
+      py::tuple t = item.cast<py::tuple>();
+      out.push_back({t[0].cast<std::string>(), t[1].cast<bool>(), t[2].cast<at::Tensor>()});
+    }
+    return out;
+  }
+
  private:
   py::object module_;
   at::ScalarType dtype_;
+  py::object observed_;
   std::vector<std::string> names_;
   std::vector<py::object> fns_;
+  std::vector<std::string> owners_;
 };
 
 // A Python model: the optimized path over the trainer's module and a reference path. `sync`, when
@@ -130,11 +148,13 @@ class PyLayerSequence : public LayerSequence {
 class PyModel : public Model {
  public:
   PyModel(std::string name, py::object config_json, py::object module, py::list stages,
-          py::object reference_module, py::list reference_stages, py::object sync)
+          py::object reference_module, py::list reference_stages, py::object sync,
+          py::object observed)
       : name_(std::move(name)),
         config_json_(std::move(config_json)),
-        optimized_(std::move(module), std::move(stages), at::kFloat),
-        reference_(std::move(reference_module), std::move(reference_stages), at::kDouble),
+        optimized_(std::move(module), std::move(stages), at::kFloat, observed),
+        reference_(std::move(reference_module), std::move(reference_stages), at::kDouble,
+                   py::none()),
         sync_(std::move(sync)) {}
 
   LayerSequence& Path(PathKind kind) override {
@@ -259,10 +279,11 @@ PYBIND11_MODULE(_capsule, m) {
   m.doc() = "capsule's C++ engine: Monitor, replay and the command line (see the capsule package)";
 
   py::class_<PyModel, std::shared_ptr<PyModel>>(m, "_Model")
-      .def(py::init<std::string, py::object, py::object, py::list, py::object, py::list,
+      .def(py::init<std::string, py::object, py::object, py::list, py::object, py::list, py::object,
                     py::object>(),
            py::arg("name"), py::arg("config_json"), py::arg("module"), py::arg("stages"),
-           py::arg("reference_module"), py::arg("reference_stages"), py::arg("sync"));
+           py::arg("reference_module"), py::arg("reference_stages"), py::arg("sync"),
+           py::arg("observed") = py::none());
 
   py::class_<PyMonitor>(m, "_Monitor")
       .def(py::init([](const py::kwargs& kw) { return new PyMonitor(OptionsFrom(kw)); }))
@@ -282,6 +303,8 @@ PYBIND11_MODULE(_capsule, m) {
                  seed);
            })
       .def("log", [](PyMonitor& self, const std::string& line) { self.monitor.Log(line); })
+      .def("annotate", [](PyMonitor& self, const std::string& key,
+                          const std::string& value) { self.monitor.Annotate(key, value); })
       .def("add_event",
            [](PyMonitor& self, int64_t step, const std::string& kind, const std::string& detail) {
              self.monitor.AddEvent(step, kind, detail);

@@ -218,6 +218,22 @@ StatusOr<int> FillRerun(const ProbeResult& r, const CaptureContext& context, v1:
     FillStats(it->backward, ls.mutable_stats());
     ls.set_anomalous(!it->backward.finite());
   }
+  // What the sequence saw inside its layers (module hooks), after the layers, numbered on from
+  // them. The first non-finite forward output among them is a finer first anomaly than its layer.
+  const int base = static_cast<int>(r.layers.size());
+  int first_observed = -1;
+  for (size_t k = 0; k < r.observed.size(); ++k) {
+    const ObservedRecord& o = r.observed[k];
+    v1::LayerStats& ls = *num.add_layers();
+    ls.set_index(base + static_cast<int>(k));
+    ls.set_name(o.name);
+    ls.set_phase(o.backward ? v1::BACKWARD : v1::FORWARD);
+    if (o.value.defined()) FillTensorMeta(o.value, ls.mutable_meta());
+    FillStats(o.stats, ls.mutable_stats());
+    ls.set_anomalous(!o.stats.finite());
+    if (!o.backward && !o.stats.finite() && first_observed < 0)
+      first_observed = static_cast<int>(k);
+  }
   const int anomalous = r.first_anomalous;
   if (anomalous < 0) return anomalous;
   const LayerRecord& rec = r.layers[anomalous];
@@ -226,6 +242,16 @@ StatusOr<int> FillRerun(const ProbeResult& r, const CaptureContext& context, v1:
   num.set_first_anomalous_phase(r.anomaly_phase == AnomalyPhase::kBackward ? v1::BACKWARD
                                                                            : v1::FORWARD);
   num.set_anomaly_reason(r.anomaly_reason);
+  if (first_observed >= 0) {
+    const ObservedRecord& o = r.observed[first_observed];
+    num.set_first_anomalous_layer(o.name);
+    num.set_first_anomalous_index(base + first_observed);
+    num.set_first_anomalous_phase(v1::FORWARD);
+    num.set_anomaly_reason(std::to_string(o.stats.nan_count) + " NaN, " +
+                           std::to_string(o.stats.pos_inf_count + o.stats.neg_inf_count) +
+                           " Inf in the forward output of module " + o.name +
+                           " (seen inside layer " + rec.name + ")");
+  }
   for (size_t k = 0; k < rec.inputs.size(); ++k) {
     if (!rec.inputs[k].defined()) continue;
     CAPSULE_RETURN_IF_ERROR(Embed(rec.name + "/input." + std::to_string(k), rec.inputs[k],

@@ -53,8 +53,10 @@ class Model:
         self.stages = list(stages)
         self.config = config if callable(config) else dict(config or {})
         for stage in self.stages:
-            if not (isinstance(stage, tuple) and len(stage) == 2 and callable(stage[1])):
-                raise TypeError("capsule.Model: each stage is a (name, fn(module, x, batch)) pair")
+            if not (isinstance(stage, tuple) and len(stage) in (2, 3) and callable(stage[1])):
+                raise TypeError("capsule.Model: each stage is a (name, fn(module, x, batch)) pair, "
+                                "or (name, fn, owner) with the submodule path owning its "
+                                "parameters")
         if reference is None:
             # A float64 copy on CPU, refreshed from the trainer's weights before each use.
             self.reference = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
@@ -63,7 +65,52 @@ class Model:
             self.reference = reference
             self._owns_reference = False
         self.reference_stages = list(reference_stages or self.stages)
+        self.observe_only = False
+        self._observed = None
         self._engine = None
+
+    @classmethod
+    def observe(cls, name, module, forward, config=None):
+        """An observe-only model, for a module not described as stages: ``forward(module,
+        batch)`` returns the loss. When a capture re-runs the step, forward hooks on every
+        submodule record its output's statistics (and tensor hooks its gradient's), so the capsule
+        names the first module whose output went non-finite. Hooks exist only during that re-run:
+        training steps pay nothing. Layerwise replay and bisect need named stages; replay of such
+        a capsule compares the whole model as one layer, and the capsule says so."""
+        seen = []
+
+        def stage(m, x, batch):
+            if m is not module:  # the reference copy is not observed
+                return forward(m, batch)
+            handles = []
+
+            def record(path, output):
+                if not isinstance(output, torch.Tensor) or not output.is_floating_point():
+                    return
+                seen.append((path, False, output.detach()))
+                if output.requires_grad:
+                    output.register_hook(lambda g: seen.append((path, True, g.detach())))
+
+            for path, sub in m.named_modules():
+                if path:
+                    handles.append(sub.register_forward_hook(
+                        lambda mod, inputs, output, path=path: record(path, output)))
+            try:
+                return forward(m, batch)
+            finally:
+                for h in handles:
+                    h.remove()
+
+        # One stage, "model", owning every parameter ("" is the whole module).
+        model = cls(name, module, [("model", stage, "")], config=config)
+        model.observe_only = True
+        model._observed = seen
+        return model
+
+    def _take_observed(self):
+        taken = list(self._observed)
+        self._observed.clear()
+        return taken
 
     def _config_json(self):
         config = self.config() if callable(self.config) else self.config
@@ -82,7 +129,8 @@ class Model:
         if self._engine is None:
             self._engine = _capsule._Model(
                 self.name, self._config_json, self.module, self.stages, self.reference,
-                self.reference_stages, self._sync_reference)
+                self.reference_stages, self._sync_reference,
+                self._take_observed if self.observe_only else None)
         return self._engine
 
 
@@ -174,6 +222,10 @@ class Monitor:
     def attach(self, model):
         self._model = model
         self._m.attach_model(model._engine_model())
+        if model.observe_only:
+            self._m.annotate("capsule.layers",
+                             "observe-only: per-module statistics from hooks; layerwise replay "
+                             "and bisect need the model as named stages (capsule.Model)")
 
     def register_rng(self, name, save, seed=0):
         """A user RNG stored in capsules: ``save()`` returns its state as bytes or str."""

@@ -241,3 +241,40 @@ def test_check_stages_refuses_glue_the_stages_miss():
                  ("loss", loss)]
     assert capsule.check_stages(net, with_glue, batch, forward) == pytest.approx(
         float(forward(net, batch)))
+
+
+def test_observe_only_names_the_first_non_finite_module(tmp_path, keys):
+    torch.manual_seed(0)
+    net = ptg.PyTinyGpt({"n_layers": 2, "seed": 1})
+    with torch.no_grad():
+        net.blocks[1].fc1.weight[0, 0] = float("inf")  # fc1's output, then the block, go bad
+
+    def forward(m, batch):
+        h = m.embed(batch["input_ids"])
+        for block in m.blocks:
+            h = block(h)
+        logits = m.lm_head(m.ln_f(h))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 256),
+                                                 batch["labels"].reshape(-1))
+
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              log_sink=lambda line: None)
+    monitor.attach(capsule.Model.observe("observed_gpt", net, forward))
+    x, y, cursor = ptg.Loader(4, 32, 1).next()
+    batch = {"input_ids": x, "labels": y}
+    with monitor.step(0, batch=batch, cursor=cursor) as s:
+        loss = forward(net, batch)
+        loss.backward()
+        s.end(loss=loss)
+    assert s.report["trigger"] == "NON_FINITE_LOSS", s.report["summary"]
+    assert s.report["first_anomalous_layer"] == "blocks.1.fc1", s.report["summary"]
+    out = subprocess.run([CLI, "inspect", s.report["capsule_path"], "--pubkey", str(keys[1]),
+                          "--json"], capture_output=True, text=True)
+    c = json.loads(out.stdout)
+    names = [l["name"] for l in c["numerics"]["layers"]]
+    assert "blocks.0.fc1" in names and "lm_head" in names
+    assert any(l["name"] == "blocks.0.fc2" and l["phase"] == "BACKWARD"
+               for l in c["numerics"]["layers"])
+    assert "observe-only" in c["annotations"]["capsule.layers"]
+    # Training steps themselves run no hooks: nothing was recorded outside the capture.
+    assert all(len(sub._forward_hooks) == 0 for sub in net.modules())
