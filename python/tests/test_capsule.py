@@ -169,9 +169,16 @@ def test_a_python_and_a_cpp_capsule_of_the_same_kind_compare_with_diff(tmp_path,
     cpp = sorted(cpp_dir.glob("*.capsule"))
     r = subprocess.run([CLI, "diff", str(caps[0]), str(cpp[0]), "--pubkey", str(keys[1])],
                        capture_output=True, text=True)
-    # Same step and trigger, different models and writers' runs: diff reads both and differs.
+    # Two models of the same shape: the identity files (same corpus, tokenizer, template) agree,
+    # the registry names and weights differ, and the layers line up by name, forward and backward.
     assert r.returncode == 1, r.stderr
-    assert "py_tiny_gpt" in r.stdout and "tiny_gpt" in r.stdout
+    rows = r.stdout.splitlines()
+    assert any(l.split()[:2] == ["config", "model.registry_name"] and "py_tiny_gpt" in l
+               for l in rows), r.stdout
+    assert not any("corpus:corpus.txt" in l or "tokenizer:tokenizer.json" in l for l in rows)
+    assert any(l.startswith("layers    blocks.3/forward rms") for l in rows), r.stdout
+    assert any(l.startswith("layers    embed/backward rms") for l in rows), r.stdout
+    assert not any(" - " in l and l.startswith("layers") for l in rows), "a layer on one side only"
 
 
 def test_readme_python_snippet_runs(tmp_path, keys):

@@ -202,6 +202,12 @@ def train(args):
     monitor = capsule.Monitor(capsule_dir=args.capsule_dir, signing_key=args.key,
                               run_name=args.run_name, log_sink=lambda line: None)
     monitor.attach(engine_model(net))
+    data = os.path.join(HERE, "..", "tiny_gpt", "data")
+    error = monitor.set_identity([("tokenizer", os.path.join(data, "tokenizer.json")),
+                                  ("chat_template", os.path.join(data, "chat_template.txt")),
+                                  ("corpus", CORPUS)])
+    if error:
+        print(f"capsule: {error}", file=sys.stderr)  # capsules lack those hashes; training goes on
     loader = Loader(args.batch_size, 32, args.seed)
     monitor.register_rng("sampler", loader.state, args.seed)
     monitor.register_python_rngs()
