@@ -35,7 +35,8 @@ import torch
 
 from capsule import _capsule
 
-__all__ = ["Model", "Monitor", "Step", "check_stages", "sequential_stages", "main"]
+__all__ = ["Model", "Monitor", "Step", "check_stages", "decoder_stages", "sequential_stages",
+           "main"]
 
 
 class Model:
@@ -145,6 +146,32 @@ def sequential_stages(seq, loss_fn, prefix=""):
         path = prefix + name
         stages.append((path, lambda m, x, b, path=path: m.get_submodule(path)(x)))
     stages.append(("loss", lambda m, x, b: loss_fn(x, b)))
+    return stages
+
+
+def decoder_stages(module, loss_fn, embed="embed", blocks="blocks", norm="ln_f", head="lm_head"):
+    """Stages for the common decoder shape: an embedding submodule, a ModuleList of blocks, a final
+    norm and a head, then ``"loss"`` computing ``loss_fn(logits, batch)``: ``embed``,
+    ``blocks.0`` .. ``blocks.N-1``, ``norm``, ``head``, ``loss``, each calling its submodule.
+    Raises ValueError naming what is missing. Check them against the module's own forward with
+    ``check_stages``: a forward with glue between these calls (a scale after the embedding, a
+    residual around the blocks) is refused there, with both losses."""
+    def sub(path):
+        try:
+            return module.get_submodule(path)
+        except AttributeError:
+            raise ValueError(f"decoder_stages: the module has no submodule '{path}'; name the "
+                             f"embedding, blocks, norm and head (embed=, blocks=, norm=, head=) "
+                             f"or write the stages by hand") from None
+    for path in (embed, norm, head):
+        sub(path)
+    if not isinstance(sub(blocks), torch.nn.ModuleList):
+        raise ValueError(f"decoder_stages: '{blocks}' is a {type(sub(blocks)).__name__}, not an "
+                         f"nn.ModuleList of blocks")
+    call = lambda path: (path, lambda m, x, b: m.get_submodule(path)(x))
+    stages = [call(embed)]
+    stages += [call(f"{blocks}.{i}") for i in range(len(sub(blocks)))]
+    stages += [call(norm), call(head), ("loss", lambda m, x, b: loss_fn(x, b))]
     return stages
 
 

@@ -285,3 +285,36 @@ def test_observe_only_names_the_first_non_finite_module(tmp_path, keys):
     assert "observe-only" in c["annotations"]["capsule.layers"]
     # Training steps themselves run no hooks: nothing was recorded outside the capture.
     assert all(len(sub._forward_hooks) == 0 for sub in net.modules())
+
+
+def test_decoder_stages_match_a_plain_decoder_and_refuse_glue():
+    class Decoder(torch.nn.Module):
+        def __init__(self, scale=1.0):
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 8)
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+            self.ln_f = torch.nn.LayerNorm(8)
+            self.lm_head = torch.nn.Linear(8, 16)
+            self.scale = scale
+
+        def forward(self, ids):
+            h = self.embed(ids) * self.scale  # glue when scale != 1
+            for blk in self.blocks:
+                h = blk(h)
+            return self.lm_head(self.ln_f(h))
+
+    ce = lambda logits, b: torch.nn.functional.cross_entropy(logits.reshape(-1, 16),
+                                                             b["labels"].reshape(-1))
+    torch.manual_seed(0)
+    batch = {"input_ids": torch.randint(0, 16, (2, 5)), "labels": torch.randint(0, 16, (2, 5))}
+    forward = lambda m, b: ce(m(b["input_ids"]), b)
+    plain = Decoder()
+    stages = capsule.decoder_stages(plain, ce)
+    assert [n for n, _ in stages] == ["embed", "blocks.0", "blocks.1", "blocks.2", "ln_f",
+                                      "lm_head", "loss"]
+    capsule.check_stages(plain, stages, batch, forward)
+    scaled = Decoder(scale=8.0)
+    with pytest.raises(ValueError, match="glue the stages miss"):
+        capsule.check_stages(scaled, capsule.decoder_stages(scaled, ce), batch, forward)
+    with pytest.raises(ValueError, match="no submodule 'norm'"):
+        capsule.decoder_stages(plain, ce, norm="norm")
