@@ -114,6 +114,7 @@ struct ReplayCliOptions {
   std::optional<double> rtol;
   std::vector<std::string> layer_tol;
   bool json = false;
+  int repeat = 1;
 };
 void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
 int RunReplayCommand(const ReplayCliOptions& options, ModelRegistry& registry);

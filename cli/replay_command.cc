@@ -80,6 +80,20 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
           << p.nonfinite_mismatch() << "\n";
     }
   }
+  if (r.has_repeat()) {
+    const v1::RepeatReport& rep = r.repeat();
+    out << "\nrepeat: " << rep.runs() << " replays, "
+        << (rep.bitwise_identical() ? "bitwise identical" : "NOT bitwise identical")
+        << "; reproduced in " << rep.reproduced_runs() << " of " << rep.runs();
+    if (rep.not_checked_runs() > 0) out << " (" << rep.not_checked_runs() << " not checked)";
+    out << "\n";
+    for (int i = 0; i < rep.spreads_size() && i < 16; ++i) {
+      const v1::MetricSpread& m = rep.spreads(i);
+      out << "  " << m.metric() << ": " << FormatSignificant(m.min(), 6) << " .. "
+          << FormatSignificant(m.max(), 6) << "\n";
+    }
+    if (rep.spreads_size() > 16) out << "  ... " << rep.spreads_size() - 16 << " more\n";
+  }
   if (!r.replay_command().empty()) out << "\nreplay: " << r.replay_command() << "\n";
   if (r.next_commands_size() > 0) {
     out << "next: the first divergent layer alone (an extract replays just that layer):\n";
@@ -128,6 +142,10 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("--rtol", options->rtol, "Relative tolerance for every layer")
       ->check(NonNegativeNumber());
   cmd->add_option("--layer-tol", options->layer_tol, "Per-layer tolerance NAME=ATOL,RTOL");
+  cmd->add_option("--repeat", options->repeat,
+                  "Replay N times from a fresh state: bitwise identical, or the spread of each "
+                  "metric")
+      ->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", options->json, "Print the result as JSON");
   cmd->callback([options, run, registry, cmd] {
     options->bisect_given = cmd->count("--bisect") > 0;
@@ -139,6 +157,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   ReplayOptions options;
   options.weights_path = o.weights;
   options.force = o.force;
+  options.repeat = o.repeat;
   options.forward = o.phase != "backward";
   options.backward = o.phase != "forward";
   if (o.bisect_given) {
@@ -189,6 +208,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   if (o.trust.allow_unsigned) cmd += " --allow-unsigned";
   if (o.bisect_given) cmd += " --bisect=" + o.bisect;
   if (o.phase != "forward") cmd += " --phase " + o.phase;
+  if (o.repeat > 1) cmd += " --repeat " + std::to_string(o.repeat);
   report->set_replay_command(cmd);
   // NUMERICS names a layer: the next step is that layer alone, small enough to attach and fast to
   // re-run under a debugger. Extracts need every weight; without them, say how to get them.

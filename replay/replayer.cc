@@ -418,8 +418,81 @@ bool ReferenceShowsAnomaly(const v1::Capsule& c, const ReferenceRun& ref) {
 
 }  // namespace
 
+namespace {
+
+StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry& registry,
+                                      const ReplayOptions& options);
+
+// The metrics of a run by name, for the spread of repeated runs.
+std::vector<std::pair<std::string, double>> Metrics(const v1::ReplayReport& r) {
+  std::vector<std::pair<std::string, double>> m = {{"replayed_value", r.replayed_value()},
+                                                   {"optimized_loss", r.optimized_loss()},
+                                                   {"reference_loss", r.reference_loss()}};
+  for (int i = 0; i < r.layers_size(); ++i) {
+    const v1::LayerComparison& l = r.layers(i);
+    const std::string at =
+        "layers[" + std::to_string(i) + "] " + l.name() + " " + v1::Phase_Name(l.phase()) + " ";
+    m.emplace_back(at + "max_abs_err", l.max_abs_err());
+    m.emplace_back(at + "max_rel_err", l.max_rel_err());
+    m.emplace_back(at + "worst_ratio", l.worst_ratio());
+  }
+  for (int i = 0; i < r.bisect().probe_log_size(); ++i) {
+    m.emplace_back("bisect.probe_log[" + std::to_string(i) + "] max_rel_err",
+                   r.bisect().probe_log(i).max_rel_err());
+  }
+  return m;
+}
+
+bool Reproduced(const v1::ReplayReport& r) {
+  return r.fidelity() == v1::REPRODUCED_EXACT || r.fidelity() == v1::REPRODUCED_APPROX;
+}
+
+}  // namespace
+
 StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegistry& registry,
                                          const ReplayOptions& options) {
+  if (options.repeat <= 1) return ReplayOnce(c, registry, options);
+  CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport first, ReplayOnce(c, registry, options));
+  const std::string first_bytes = first.SerializeAsString();
+  const std::vector<std::pair<std::string, double>> base = Metrics(first);
+  std::vector<std::pair<std::string, double>> lo = base, hi = base;
+  std::vector<bool> differs(base.size(), false);
+  v1::RepeatReport repeat;
+  repeat.set_runs(options.repeat);
+  repeat.set_bitwise_identical(true);
+  repeat.set_reproduced_runs(Reproduced(first) ? 1 : 0);
+  repeat.set_not_checked_runs(first.fidelity() == v1::NOT_CHECKED ? 1 : 0);
+  for (int run = 1; run < options.repeat; ++run) {
+    if (options.progress) options.progress("repeat " + std::to_string(run + 1));
+    CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport again, ReplayOnce(c, registry, options));
+    repeat.set_reproduced_runs(repeat.reproduced_runs() + (Reproduced(again) ? 1 : 0));
+    repeat.set_not_checked_runs(repeat.not_checked_runs() +
+                                (again.fidelity() == v1::NOT_CHECKED ? 1 : 0));
+    if (again.SerializeAsString() == first_bytes) continue;
+    repeat.set_bitwise_identical(false);
+    const auto m = Metrics(again);
+    for (size_t k = 0; k < m.size() && k < lo.size(); ++k) {
+      if (m[k].first != lo[k].first) continue;  // a run with other layers: compared by position
+      differs[k] = differs[k] || std::memcmp(&m[k].second, &base[k].second, sizeof(double)) != 0;
+      lo[k].second = std::fmin(lo[k].second, m[k].second);
+      hi[k].second = std::fmax(hi[k].second, m[k].second);
+    }
+  }
+  for (size_t k = 0; k < lo.size(); ++k) {
+    if (!differs[k]) continue;
+    v1::MetricSpread& s = *repeat.add_spreads();
+    s.set_metric(lo[k].first);
+    s.set_min(lo[k].second);
+    s.set_max(hi[k].second);
+  }
+  *first.mutable_repeat() = repeat;
+  return first;
+}
+
+namespace {
+
+StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry& registry,
+                                      const ReplayOptions& options) {
   // An extract holds one layer, not a step: it has its own, single-layer replay.
   if (IsLayerExtract(c)) return ReplayExtract(c, registry, options);
   v1::ReplayReport report;
@@ -504,5 +577,7 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   internal::Diagnose(report);
   return report;
 }
+
+}  // namespace
 
 }  // namespace capsule

@@ -64,6 +64,10 @@ struct ReplayOptions {
   std::optional<Tolerance> bisect_tolerance;
   // Called with a short line before each stage and probe (e.g. for a progress line).
   std::function<void(const std::string&)> progress;
+  // Replay this many times, each from a fresh model and the capsule's RNG states, and record in
+  // ReplayReport.repeat whether the runs were bitwise identical and the spread of each metric
+  // that was not: evidence for or against TRANSIENT that one run cannot give. 1: once.
+  int repeat = 1;
 };
 
 // The oracle's default tolerance for a candidate dtype (docs/TOLERANCES.md has the measurements).

@@ -91,8 +91,11 @@ std::string StageName(int stage) {
 std::string DiagnosisSentence(const v1::ReplayReport& r) {
   switch (r.diagnosis()) {
     case v1::TRANSIENT:
-      return "transient: the failure did not reproduce (" + r.fidelity_detail() +
-             "); suspect hardware, a race or a nondeterministic kernel, and rerun elsewhere";
+      return "transient: the failure did not reproduce (" + r.fidelity_detail() + ")" +
+             (r.has_repeat() ? "; reproduced in " + std::to_string(r.repeat().reproduced_runs()) +
+                                   " of " + std::to_string(r.repeat().runs()) + " replays"
+                             : "") +
+             "; suspect hardware, a race or a nondeterministic kernel, and rerun elsewhere";
     case v1::DATA_OR_MODEL:
       return "data or model, not numerics: the FP64 reference path shows the same anomaly "
              "(reference loss " +

@@ -193,6 +193,15 @@ rc=$?
   [ "$(field transient 'd["diagnosis"]')" = TRANSIENT ] ||
   bad transient "exit $rc, fidelity $(field transient 'd["fidelity"]'), diagnosis $(field transient 'd["diagnosis"]')"
 echo "ok: transient -> $(field transient 'd["fidelity"]') -> $(field transient 'd["diagnosis"]')"
+# --repeat: the transient capsule does not reproduce in any of 5 fresh replays; a deterministic
+# one replays bitwise alike 5 times.
+replay_json transient-repeat "$cap" --repeat 5
+[ "$(field transient-repeat 'd["repeat"]["runs"]')" = 5 ] &&
+  [ "$(field transient-repeat 'd["repeat"].get("reproduced_runs", 0)')" = 0 ] &&
+  [ "$(field transient-repeat 'd["diagnosis"]')" = TRANSIENT ] ||
+  bad transient-repeat "repeat $(field transient-repeat 'd.get("repeat")')"
+echo "ok: transient --repeat 5 -> reproduced in 0 of 5"
+
 
 clean=$(record clean --steps 5 --capture-at-step 3)
 replay_json clean "$clean" --phase both --bisect
@@ -204,6 +213,11 @@ rc=$?
   [ "$(field clean '[s["stage"] for s in d["stages"] if s["ran"] and not s["explains"]]')" = "['STAGE_DATA', 'STAGE_OBJECTIVE', 'STAGE_GRADIENTS', 'STAGE_OPTIMIZER', 'STAGE_NUMERICS']" ] ||
   bad clean "exit $rc, diagnosis $(field clean 'd["diagnosis"]'), fidelity $(field clean 'd["fidelity"]')"
 echo "ok: clean manual capture -> NO_DIVERGENCE forward and backward, every stage passes, exit 0"
+replay_json clean-repeat "$clean" --repeat 5
+[ "$(field clean-repeat 'd["repeat"]["bitwise_identical"]')" = true ] &&
+  [ "$(field clean-repeat 'd["repeat"]["reproduced_runs"]')" = 5 ] ||
+  bad clean-repeat "repeat $(field clean-repeat 'd.get("repeat")')"
+echo "ok: clean --repeat 5 -> bitwise identical, reproduced in 5 of 5"
 
 # Refusals: the exit status every command gives for the cause (3 untrusted, 4 invalid, 2 cannot
 # re-run; cli/capsule.md, EXIT STATUS) and a message naming it.

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -401,6 +402,88 @@ TEST(ProbeStepTest, NamesTheFirstNonFiniteLayer) {
   EXPECT_TRUE(std::isfinite(clean->loss_value));
   EXPECT_TRUE(clean->backward_done);
   EXPECT_TRUE(std::isfinite(clean->grad_norm));
+}
+
+// --repeat: a deterministic capsule replays bitwise alike; a model whose optimized path draws
+// from an unseeded source (a nondeterministic kernel) does not, and the spread is reported.
+TEST_F(ReplayCapsuleTest, RepeatedReplaysAreBitwiseIdenticalForADeterministicCapsule) {
+  const v1::Capsule c = RecordOne({FaultKind::kEps, "blocks.0", 0}, 3, /*capture_at=*/2);
+  ReplayOptions options;
+  options.repeat = 4;
+  auto r = ReplayCapsule(c, registry_, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_repeat());
+  EXPECT_EQ(r->repeat().runs(), 4);
+  EXPECT_TRUE(r->repeat().bitwise_identical());
+  EXPECT_EQ(r->repeat().reproduced_runs(), 4);
+  EXPECT_EQ(r->repeat().spreads_size(), 0);
+  EXPECT_EQ(r->diagnosis(), v1::NUMERICS);
+}
+
+// tiny_gpt whose optimized lm_head output is scaled by 1 + u * 1e-6, u from std::random_device.
+class NoisyPath : public LayerSequence {
+ public:
+  explicit NoisyPath(LayerSequence& inner) : inner_(inner) {}
+  size_t size() const override { return inner_.size(); }
+  std::string name(size_t i) const override { return inner_.name(i); }
+  at::ScalarType compute_dtype() const override { return inner_.compute_dtype(); }
+  std::vector<NamedTensor> LayerParameters(size_t i) const override {
+    return inner_.LayerParameters(i);
+  }
+  TensorList Forward(size_t i, const TensorList& in, const LayerBatch& batch) override {
+    TensorList out = inner_.Forward(i, in, batch);
+    if (inner_.name(i) != "lm_head") return out;
+    std::random_device rd;
+    const double u = std::uniform_real_distribution<double>(0, 1)(rd);
+    return {out[0] * (1 + u * 1e-6)};
+  }
+
+ private:
+  LayerSequence& inner_;
+};
+
+class NoisyModel : public Model {
+ public:
+  explicit NoisyModel(std::unique_ptr<Model> inner)
+      : inner_(std::move(inner)), noisy_(inner_->Path(PathKind::kOptimized)) {}
+  LayerSequence& Path(PathKind k) override {
+    return k == PathKind::kOptimized ? noisy_ : inner_->Path(k);
+  }
+  std::vector<NamedTensor> NamedParameters() const override { return inner_->NamedParameters(); }
+  ModelSpecInfo Spec() const override { return inner_->Spec(); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  NoisyPath noisy_;
+};
+
+TEST_F(ReplayCapsuleTest, RepeatedReplaysOfANondeterministicKernelReportTheSpread) {
+  v1::Capsule c = RecordOne({FaultKind::kNone, "", 0}, 3, /*capture_at=*/2);
+  c.mutable_model()->set_registry_name("noisy_tiny_gpt");
+  ASSERT_TRUE(registry_
+                  .Register("noisy_tiny_gpt",
+                            [this](const ModelSpecInfo& spec) -> StatusOr<std::unique_ptr<Model>> {
+                              CAPSULE_ASSIGN_OR_RETURN(
+                                  std::unique_ptr<Model> inner,
+                                  registry_.Create({"tiny_gpt", spec.config_json}));
+                              return std::unique_ptr<Model>(new NoisyModel(std::move(inner)));
+                            })
+                  .ok());
+  ReplayOptions options;
+  options.repeat = 3;
+  auto r = ReplayCapsule(c, registry_, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->repeat().bitwise_identical());
+  bool lm_head_spread = false;
+  for (const v1::MetricSpread& m : r->repeat().spreads()) {
+    EXPECT_LT(m.min(), m.max()) << m.metric();
+    lm_head_spread |= m.metric().find("lm_head FORWARD max_abs_err") != std::string::npos;
+  }
+  EXPECT_TRUE(lm_head_spread);
+  // Layers before the noisy one stay bitwise alike: they are not in the spreads.
+  for (const v1::MetricSpread& m : r->repeat().spreads()) {
+    EXPECT_EQ(m.metric().find(" embed "), std::string::npos) << m.metric();
+  }
 }
 
 }  // namespace
