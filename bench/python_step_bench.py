@@ -10,6 +10,7 @@ unarmed. Budget (README, Python): armed / unarmed <= 1.02.
     PYTHONPATH=build/python:samples/py_tiny_gpt /usr/bin/python3 bench/python_step_bench.py
 """
 import statistics
+import warnings
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ import py_tiny_gpt as ptg
 
 
 def main(rounds=7, steps=20):
+    warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")
     torch.set_num_threads(1)
     net = ptg.PyTinyGpt({"n_layers": 4, "seed": 0})
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
