@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/python.h>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -213,40 +215,81 @@ struct PyMonitor {
   std::shared_ptr<PyModel> model;
 };
 
+WeightPolicy ParseWeightPolicy(const std::string& name) {
+  if (name == "all") return WeightPolicy::kAll;
+  if (name == "anomalous_layer") return WeightPolicy::kAnomalousLayer;
+  if (name == "none") return WeightPolicy::kNone;
+  throw py::value_error("Monitor: weight_policy is 'all', 'anomalous_layer' or 'none', not '" +
+                        name + "'");
+}
+
+// {"window": 50, "warmup": 50, "mads": 6.0, "min_ratio": 2.0}; absent keys keep `base`'s.
+SpikeRule ParseSpikeRule(const py::handle& value, SpikeRule base) {
+  for (const auto& [k, v] : value.cast<py::dict>()) {
+    const std::string key = k.cast<std::string>();
+    if (key == "window") {
+      base.window = v.cast<int>();
+    } else if (key == "warmup") {
+      base.warmup = v.cast<int>();
+    } else if (key == "mads") {
+      base.mads = v.cast<double>();
+    } else if (key == "min_ratio") {
+      base.min_ratio = v.cast<double>();
+    } else {
+      throw py::type_error("Monitor: unknown spike rule field '" + key + "'");
+    }
+  }
+  return base;
+}
+
+// The Python Monitor's keyword options, one for each MonitorOptions field (capture/monitor.h),
+// with the same defaults. An unknown name is refused rather than ignored.
 MonitorOptions OptionsFrom(const py::kwargs& kw) {
   MonitorOptions o;
-  o.log_sink = nullptr;
+  using Setter = std::function<void(const py::handle&)>;
+  const std::map<std::string, Setter> setters = {
+      {"capsule_dir", [&](const py::handle& v) { o.capsule_dir = v.cast<std::string>(); }},
+      {"signing_key", [&](const py::handle& v) { o.signing_key_path = v.cast<std::string>(); }},
+      {"run_name", [&](const py::handle& v) { o.run_name = v.cast<std::string>(); }},
+      {"max_capsules", [&](const py::handle& v) { o.max_capsules = v.cast<int>(); }},
+      {"min_steps_between_same_kind",
+       [&](const py::handle& v) { o.min_steps_between_same_kind = v.cast<int64_t>(); }},
+      {"weight_policy",
+       [&](const py::handle& v) { o.weight_policy = ParseWeightPolicy(v.cast<std::string>()); }},
+      {"max_weight_bytes", [&](const py::handle& v) { o.max_weight_bytes = v.cast<uint64_t>(); }},
+      {"history_length", [&](const py::handle& v) { o.history_length = v.cast<int>(); }},
+      {"log_lines", [&](const py::handle& v) { o.log_lines = v.cast<int>(); }},
+      {"trigger_non_finite_loss",
+       [&](const py::handle& v) { o.trigger_non_finite_loss = v.cast<bool>(); }},
+      {"trigger_non_finite_grad",
+       [&](const py::handle& v) { o.trigger_non_finite_grad = v.cast<bool>(); }},
+      {"trigger_loss_spike", [&](const py::handle& v) { o.trigger_loss_spike = v.cast<bool>(); }},
+      {"trigger_grad_norm_spike",
+       [&](const py::handle& v) { o.trigger_grad_norm_spike = v.cast<bool>(); }},
+      {"loss_spike", [&](const py::handle& v) { o.loss_spike = ParseSpikeRule(v, o.loss_spike); }},
+      {"grad_norm_spike",
+       [&](const py::handle& v) { o.grad_norm_spike = ParseSpikeRule(v, o.grad_norm_spike); }},
+      {"rerun", [&](const py::handle& v) { o.rerun = v.cast<bool>(); }},
+      {"rank", [&](const py::handle& v) { o.rank = v.cast<int>(); }},
+      {"world_size", [&](const py::handle& v) { o.world_size = v.cast<int>(); }},
+      {"local_rank", [&](const py::handle& v) { o.local_rank = v.cast<int>(); }},
+      {"device", [&](const py::handle& v) { o.device = v.cast<std::string>(); }},
+      {"annotations",
+       [&](const py::handle& v) { o.annotations = v.cast<std::map<std::string, std::string>>(); }},
+      {"log_sink",
+       [&](const py::handle& v) {
+         py::function f = v.cast<py::function>();
+         o.log_sink = [f](const std::string& line) {
+           py::gil_scoped_acquire gil;
+           f(line);
+         };
+       }},
+  };
   for (const auto& [k, v] : kw) {
     const std::string key = k.cast<std::string>();
-    if (key == "capsule_dir")
-      o.capsule_dir = v.cast<std::string>();
-    else if (key == "signing_key")
-      o.signing_key_path = v.cast<std::string>();
-    else if (key == "run_name")
-      o.run_name = v.cast<std::string>();
-    else if (key == "max_capsules")
-      o.max_capsules = v.cast<int>();
-    else if (key == "min_steps_between_same_kind")
-      o.min_steps_between_same_kind = v.cast<int64_t>();
-    else if (key == "rerun")
-      o.rerun = v.cast<bool>();
-    else if (key == "rank")
-      o.rank = v.cast<int>();
-    else if (key == "world_size")
-      o.world_size = v.cast<int>();
-    else if (key == "device")
-      o.device = v.cast<std::string>();
-    else if (key == "annotations")
-      o.annotations = v.cast<std::map<std::string, std::string>>();
-    else if (key == "log_sink") {
-      py::function f = v.cast<py::function>();
-      o.log_sink = [f](const std::string& line) {
-        py::gil_scoped_acquire gil;
-        f(line);
-      };
-    } else {
-      throw py::type_error("Monitor: unknown option '" + key + "'");
-    }
+    auto it = setters.find(key);
+    if (it == setters.end()) throw py::type_error("Monitor: unknown option '" + key + "'");
+    it->second(v);
   }
   return o;
 }

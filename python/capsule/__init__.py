@@ -239,8 +239,13 @@ def _float(x):
 class Monitor:
     """The trainer-side hook (C++ ``capsule::Monitor``): triggers on a non-finite or spiking loss or
     gradient norm, exceptions and requests; writes one signed capsule per trigger within its rate
-    limits; never stops the trainer. Options: capsule_dir, signing_key, run_name, max_capsules,
-    min_steps_between_same_kind, rerun, rank, world_size, device, annotations, log_sink."""
+    limits; never stops the trainer. Options, as ``MonitorOptions`` in capture/monitor.h with
+    the same defaults: capsule_dir, signing_key, run_name, max_capsules,
+    min_steps_between_same_kind, weight_policy ("all", "anomalous_layer", "none"),
+    max_weight_bytes, history_length, log_lines, trigger_non_finite_loss,
+    trigger_non_finite_grad, trigger_loss_spike, trigger_grad_norm_spike, loss_spike and
+    grad_norm_spike (dicts of window, warmup, mads, min_ratio), rerun, rank, world_size,
+    local_rank, device, annotations, log_sink. An unknown option is refused."""
 
     def __init__(self, **options):
         self._m = _capsule._Monitor(**options)

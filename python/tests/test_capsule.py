@@ -318,3 +318,30 @@ def test_decoder_stages_match_a_plain_decoder_and_refuse_glue():
         capsule.check_stages(scaled, capsule.decoder_stages(scaled, ce), batch, forward)
     with pytest.raises(ValueError, match="no submodule 'norm'"):
         capsule.decoder_stages(plain, ce, norm="norm")
+
+
+def test_monitor_takes_the_cpp_options_and_refuses_unknown_ones(tmp_path, keys):
+    with pytest.raises(TypeError, match="unknown option 'capsule_directory'"):
+        capsule.Monitor(capsule_directory="x")
+    with pytest.raises(TypeError, match="unknown spike rule field 'windw'"):
+        capsule.Monitor(loss_spike={"windw": 3})
+    with pytest.raises(ValueError, match="weight_policy"):
+        capsule.Monitor(weight_policy="some")
+    net = ptg.PyTinyGpt({"n_layers": 2, "seed": 3})
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              weight_policy="none", trigger_non_finite_loss=False,
+                              loss_spike={"window": 10, "warmup": 10}, run_name="opts",
+                              log_sink=lambda line: None)
+    monitor.attach(ptg.engine_model(net))
+    x, y, cursor = ptg.Loader(4, 32, 3).next()
+    with monitor.step(0, batch={"input_ids": x, "labels": y}) as s:
+        s.end(loss=float("nan"))  # the non-finite loss trigger is off
+    assert not s.report["triggered"]
+    with monitor.step(1, batch={"input_ids": x, "labels": y}) as s:
+        s.capture_now("options")
+    out = subprocess.run([CLI, "inspect", s.report["capsule_path"], "--pubkey", str(keys[1]),
+                          "--json"], capture_output=True, text=True)
+    c = json.loads(out.stdout)
+    assert c["model"]["weight_policy"] == "WEIGHTS_NONE"
+    assert not any(t.get("role") == "PARAMETER" for t in c.get("tensors", []))
+    assert c["run_name"] == "opts"
