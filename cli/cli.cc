@@ -38,6 +38,7 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
 #ifdef CAPSULE_WITH_TORCH
   SetupReplayCommand(app, &run, registry);
   SetupExtractCommand(app, &run, registry);
+  SetupGateCommand(app, &run, registry);
 #else
   (void)registry;
 #endif
@@ -45,6 +46,7 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   // Listed for --help only: RunCommandLine forwarded them above.
   app.add_subcommand("replay", kReplayDescription);
   app.add_subcommand("extract", kExtractDescription);
+  app.add_subcommand("gate", kGateDescription);
 #endif
   // A repeatable option's default is "no value", not "[]".
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {

@@ -96,6 +96,8 @@ int RunDiffCommand(const DiffCliOptions& options);
 // LibTorch-free `capsule`, which lists them and hands them to capsule-torch (torch_forward.h).
 inline constexpr const char kReplayDescription[] =
     "Re-run a capsule: does the failure reproduce, and where do the paths diverge?";
+inline constexpr const char kGateDescription[] =
+    "Replay every capsule of a folder against the current build: exit 1 if any still fails";
 inline constexpr const char kExtractDescription[] =
     "Write a minimal capsule holding one layer, its weights and its recorded inputs; "
     "`capsule replay` of it runs only that layer (the model's plugin still builds it)";
@@ -118,6 +120,15 @@ struct ReplayCliOptions {
 };
 void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
 int RunReplayCommand(const ReplayCliOptions& options, ModelRegistry& registry);
+
+struct GateCliOptions {
+  std::string dir;
+  std::vector<std::string> plugins;
+  TrustOptions trust;
+  bool json = false;
+};
+void SetupGateCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
+int RunGateCommand(const GateCliOptions& options, ModelRegistry& registry);
 
 struct ExtractCliOptions {
   std::string file;

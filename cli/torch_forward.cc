@@ -25,7 +25,9 @@ std::string SelfPath() {
 
 }  // namespace
 
-bool NeedsTorch(std::string_view command) { return command == "replay" || command == "extract"; }
+bool NeedsTorch(std::string_view command) {
+  return command == "replay" || command == "extract" || command == "gate";
+}
 
 std::string FindTorchCli(const std::string& self) {
   const size_t slash = self.rfind('/');

@@ -21,6 +21,10 @@ namespace capsule::tiny_gpt {
 // Registers "tiny_gpt" (kRegistryName), built by TinyGpt::FromSpec. When the name is already
 // registered (a plugin loaded into a binary that registered tiny_gpt itself), the first
 // registration stays.
+//
+// The build after a fix, simulated: $CAPSULE_TINY_GPT_FIXED, a comma-separated list of fault kinds
+// ("nan,eps"), makes the factory build the model without a recorded fault of those kinds, as a
+// build with that kernel fixed would (`capsule gate` of a regressions folder, README).
 void RegisterTinyGpt(ModelRegistry& registry);
 
 }  // namespace capsule::tiny_gpt

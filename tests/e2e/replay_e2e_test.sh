@@ -82,6 +82,27 @@ for cfg in "4 blocks.1" "8 blocks.6"; do
   check_fault eps "$1" "$2" --steps 5 --inject-step 2 --capture-at-step 3
 done
 
+# gate: a regressions folder of fixed faults passes; with one fault still in the build, it fails
+# and names that capsule ($CAPSULE_TINY_GPT_FIXED simulates the build after a fix).
+mkdir -p "$work/regressions"
+cp "$(ls "$work"/nan-L4/*.capsule | head -n 1)" "$work/regressions/nan.capsule"
+cp "$(ls "$work"/eps-L4/*.capsule | head -n 1)" "$work/regressions/eps.capsule"
+gate() {  # gate NAME FIXED_KINDS EXTRA_ARGS...
+  local name=$1 fixed=$2
+  shift 2
+  (cd "$work/elsewhere" && CAPSULE_TINY_GPT_FIXED=$fixed "$capsule" gate "$work/regressions" \
+    --plugin "$plugin" --pubkey "$work/k.pub" "$@" > "$work/$name.json" 2> "$work/$name.err")
+}
+gate gate-fixed nan,eps --json
+rc=$?
+[ $rc -eq 0 ] && [ "$(field gate-fixed 'd["passed"]')" = 2 ] ||
+  bad gate-fixed "exit $rc: $(cat "$work/gate-fixed.json" "$work/gate-fixed.err")"
+gate gate-eps nan --json
+rc=$?
+[ $rc -eq 1 ] && [ "$(field gate-eps '[e["capsule"] for e in d["entries"] if not e["passed"]]')" = "['eps.capsule']" ] ||
+  bad gate-eps "exit $rc: $(cat "$work/gate-eps.json" "$work/gate-eps.err")"
+echo "ok: gate passes the fixed faults' capsules and names the one still failing"
+
 # Triage before the numerics (replay/internal/triage.h): one corrupt sample of the batch is named
 # by the data stage; a batch corrupt throughout has no sample that stands out, and the reference
 # path fails too.

@@ -11,6 +11,7 @@
 
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/replay/gate.h"
 
 namespace capsule {
 namespace {
@@ -288,6 +289,39 @@ TEST(DiagnoseTest, AnOptimizerFindingExplainsBeforeTheNumerics) {
   internal::Diagnose(report);
   EXPECT_EQ(report.diagnosis(), v1::OPTIMIZER);
   EXPECT_EQ(report.first_divergent_layer(), "blocks.1");
+}
+
+TEST(GateTest, AFailureIsGoneWhenNothingDivergesNothingFailsAndTheTriggerDoesNotFire) {
+  v1::Capsule c = Captured(v1::NON_FINITE_LOSS, kNan);
+  c.mutable_numerics()->set_first_anomalous_layer("blocks.2");
+  v1::ReplayReport fixed;
+  fixed.set_fidelity(v1::NOT_REPRODUCED);
+  fixed.set_diagnosis(v1::TRANSIENT);
+  GateVerdict v = JudgeGate(c, fixed);
+  EXPECT_TRUE(v.passed) << v.reason;
+  EXPECT_EQ(v.old_verdict, "NON_FINITE_LOSS at blocks.2");
+  // The NaN still comes back: failing, even with every layer in agreement.
+  v1::ReplayReport again = fixed;
+  again.set_fidelity(v1::REPRODUCED_EXACT);
+  EXPECT_FALSE(JudgeGate(c, again).passed);
+  // A manual capture reproduces by design; only its layers and stages judge it.
+  EXPECT_TRUE(JudgeGate(Captured(v1::MANUAL, 4.0), again).passed);
+  // A layer that still diverges, or a failed triage finding, fails it.
+  v1::ReplayReport diverged = fixed;
+  v1::LayerComparison& l = *diverged.add_layers();
+  l.set_name("blocks.1");
+  l.set_phase(v1::FORWARD);
+  l.set_verdict(v1::DIVERGED);
+  v = JudgeGate(c, diverged);
+  EXPECT_FALSE(v.passed);
+  EXPECT_EQ(v.reason, "the optimized path still diverges at blocks.1 (FORWARD)");
+  v1::ReplayReport finding = fixed;
+  v1::StageReport& s = *finding.add_stages();
+  s.set_stage(v1::STAGE_DATA);
+  v1::Finding& f = *s.add_findings();
+  f.set_check("data.bad_sample");
+  f.set_failed(true);
+  EXPECT_EQ(JudgeGate(c, finding).reason, "a triage finding still fails: data.bad_sample");
 }
 
 TEST(JudgeFidelityTest, ManualCaptureReproducesTheStepItself) {
