@@ -39,6 +39,7 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   SetupReplayCommand(app, &run, registry);
   SetupExtractCommand(app, &run, registry);
   SetupGateCommand(app, &run, registry);
+  SetupMinimizeCommand(app, &run, registry);
 #else
   (void)registry;
 #endif
@@ -47,6 +48,7 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   app.add_subcommand("replay", kReplayDescription);
   app.add_subcommand("extract", kExtractDescription);
   app.add_subcommand("gate", kGateDescription);
+  app.add_subcommand("minimize", kMinimizeDescription);
 #endif
   // A repeatable option's default is "no value", not "[]".
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {

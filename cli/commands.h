@@ -98,6 +98,9 @@ inline constexpr const char kReplayDescription[] =
     "Re-run a capsule: does the failure reproduce, and where do the paths diverge?";
 inline constexpr const char kGateDescription[] =
     "Replay every capsule of a folder against the current build: exit 1 if any still fails";
+inline constexpr const char kMinimizeDescription[] =
+    "Shrink a capsule's batch to the smallest input that still fails the same way, and say what "
+    "the failure needs";
 inline constexpr const char kExtractDescription[] =
     "Write a minimal capsule holding one layer, its weights and its recorded inputs; "
     "`capsule replay` of it runs only that layer (the model's plugin still builds it)";
@@ -129,6 +132,18 @@ struct GateCliOptions {
 };
 void SetupGateCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
 int RunGateCommand(const GateCliOptions& options, ModelRegistry& registry);
+
+struct MinimizeCliOptions {
+  std::string file;
+  std::string key;  // private key signing the minimized capsule
+  std::string out;
+  bool force = false;
+  std::vector<std::string> plugins;
+  TrustOptions trust;
+  int max_replays = 64;
+};
+void SetupMinimizeCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
+int RunMinimizeCommand(const MinimizeCliOptions& options, ModelRegistry& registry);
 
 struct ExtractCliOptions {
   std::string file;

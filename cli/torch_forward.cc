@@ -26,7 +26,7 @@ std::string SelfPath() {
 }  // namespace
 
 bool NeedsTorch(std::string_view command) {
-  return command == "replay" || command == "extract" || command == "gate";
+  return command == "replay" || command == "extract" || command == "gate" || command == "minimize";
 }
 
 std::string FindTorchCli(const std::string& self) {

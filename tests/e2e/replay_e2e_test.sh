@@ -103,6 +103,24 @@ rc=$?
   bad gate-eps "exit $rc: $(cat "$work/gate-eps.json" "$work/gate-eps.err")"
 echo "ok: gate passes the fixed faults' capsules and names the one still failing"
 
+# minimize: each layer fault shrinks to a smaller batch that replays to the same first bad layer,
+# in a smaller signed capsule; tail-block says how long a sequence the failure needs.
+for cfg in "nan blocks.1" "softmax-overflow blocks.1" "tail-block blocks.1" "eps blocks.1"; do
+  set -- $cfg
+  src=$(ls "$work/$1-L4"/*.capsule | head -n 1)
+  (cd "$work/elsewhere" && "$capsule" minimize "$src" --key "$work/k.key" -o "$work/$1-small.capsule" \
+    --plugin "$plugin" --pubkey "$work/k.pub" > "$work/$1-min.out" 2> "$work/$1-min.err")
+  rc=$?
+  replay_json "$1-small" "$work/$1-small.capsule"
+  [ $rc -eq 0 ] && [ "$(field "$1-small" 'd.get("first_divergent_layer")')" = "$2" ] &&
+    [ "$(stat -c %s "$work/$1-small.capsule")" -lt "$(stat -c %s "$src")" ] &&
+    grep -q "^minimized: 8 -> [1-7] sequences" "$work/$1-min.out" ||
+    bad "minimize-$1" "exit $rc: $(cat "$work/$1-min.out" "$work/$1-min.err"), replays to $(field "$1-small" 'd.get("first_divergent_layer")')"
+  echo "ok: minimize $1: $(head -n 1 "$work/$1-min.out")"
+done
+grep -q "^needs: the failure needs T >= " "$work/tail-block-min.out" ||
+  bad minimize-tail-block "no length the failure needs: $(cat "$work/tail-block-min.out")"
+
 # Triage before the numerics (replay/internal/triage.h): one corrupt sample of the batch is named
 # by the data stage; a batch corrupt throughout has no sample that stands out, and the reference
 # path fails too.

@@ -1,0 +1,88 @@
+// capsule minimize FILE -o SMALL --key KEY: the smallest batch that still fails alike
+// (replay/minimize.h), signed and written.
+#include <unistd.h>
+
+#include <iostream>
+#include <memory>
+
+#include "capsule/base/printable.h"
+#include "capsule/cli/cli.h"
+#include "capsule/cli/commands.h"
+#include "capsule/cli/common.h"
+#include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/replay/minimize.h"
+#include "capsule/replay/plugin_loader.h"
+
+namespace capsule::cli {
+
+void SetupMinimizeCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
+  auto options = std::make_shared<MinimizeCliOptions>();
+  CLI::App* cmd = app.add_subcommand("minimize", kMinimizeDescription);
+  cmd->add_option("file", options->file, "Capsule file (with all weights embedded)")->required();
+  cmd->add_option("--key", options->key, "Private key (PEM, mode 0600) to sign the result with")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
+  AddForceOption(cmd, &options->force);
+  cmd->add_option("--plugin", options->plugins,
+                  "Shared library registering the capsule's model; repeatable")
+      ->check(CLI::ExistingFile);
+  AddTrustOptions(cmd, &options->trust);
+  cmd->add_option("--max-replays", options->max_replays, "Stop the search after this many replays")
+      ->check(CLI::Range(2, 10000));
+  cmd->callback([options, run, registry] {
+    *run = [options, registry] { return RunMinimizeCommand(*options, *registry); };
+  });
+}
+
+int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
+  auto key = LoadPrivateKeyFile(o.key);
+  if (!key.ok()) {
+    PrintError(key.status().WithContext("--key"));
+    return kExitError;
+  }
+  if (Status s = LoadPlugins(o.plugins, registry); !s.ok()) {
+    PrintError(s);
+    return kExitError;
+  }
+  int rc = kExitError;
+  std::optional<LoadedCapsule> loaded =
+      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  if (!loaded) return rc;
+  MinimizeOptions options;
+  options.max_replays = o.max_replays;
+  const bool tty = ::isatty(2);
+  if (tty) {
+    options.progress = [](const std::string& line) {
+      std::cerr << "\r\033[K[minimize] " << line << std::flush;
+    };
+  }
+  auto result = MinimizeCapsule(*loaded->decoded.capsule, registry, options);
+  if (tty) std::cerr << "\r\033[K" << std::flush;
+  if (!result.ok()) {
+    PrintError(result.status(),
+               RerunRemedy(result.status(), RerunFactsOf(*loaded->decoded.capsule, registry)));
+    return kExitError;
+  }
+  WriteOptions write;
+  write.signing_key = &*key;
+  auto bytes = EncodeCapsule(*result->capsule, write);
+  if (!bytes.ok()) {
+    PrintError(bytes.status());
+    return kExitError;
+  }
+  if (!WriteOutputFile(o.file, o.out, *bytes, o.force)) return kExitError;
+  std::cout << "minimized: " << result->sequences_before << " -> " << result->sequences_after
+            << " sequences, " << result->length_before << " -> " << result->length_after
+            << " positions, " << loaded->bytes.size() << " -> " << bytes->size() << " bytes, in "
+            << result->replays << " replays (at most " << o.max_replays << ")\n";
+  std::cout << "verdict kept: " << result->verdict << "\n";
+  for (const std::string& n : result->needs) std::cout << "needs: " << n << "\n";
+  std::cout << "wrote " << Printable(o.out) << "\n";
+  return kExitOk;
+}
+
+}  // namespace capsule::cli
