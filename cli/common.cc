@@ -15,6 +15,7 @@
 #include "capsule/probe/environment.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/model_registry.h"
+#include "capsule/replay/plugin_loader.h"
 #endif
 
 namespace capsule::cli {
@@ -153,6 +154,18 @@ std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
 }
 
 #ifdef CAPSULE_WITH_TORCH
+std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string>& plugins,
+                                                   ModelRegistry& registry, const std::string& file,
+                                                   const std::vector<std::string>& pubkeys,
+                                                   bool allow_unsigned, int* exit_code) {
+  if (Status s = LoadPlugins(plugins, registry); !s.ok()) {
+    PrintError(s);
+    *exit_code = kExitError;
+    return std::nullopt;
+  }
+  return LoadCapsule(file, pubkeys, allow_unsigned, exit_code);
+}
+
 RerunFacts RerunFactsOf(const v1::Capsule& c, const ModelRegistry& registry) {
   RerunFacts f;
   const std::vector<std::string> names = registry.names();

@@ -65,6 +65,15 @@ std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
                                          const std::vector<std::string>& pubkeys,
                                          bool allow_unsigned, int* exit_code);
 
+#ifdef CAPSULE_WITH_TORCH
+// What every command that re-runs a model starts with: loads the plugins named, then reads `file`
+// as LoadCapsule does. On failure prints why and returns nullopt with *exit_code set.
+std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string>& plugins,
+                                                   ModelRegistry& registry, const std::string& file,
+                                                   const std::vector<std::string>& pubkeys,
+                                                   bool allow_unsigned, int* exit_code);
+#endif
+
 // Writes `bytes` to `out` for a command that read `in`: refuses `out` when it is `in` (with or
 // without --force), replaces an existing regular file only with `force`, and prints why it did
 // not write (with "--force to replace it" where that would help). False when nothing was written.

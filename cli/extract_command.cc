@@ -12,7 +12,6 @@
 #include "capsule/format/signing.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/extract.h"
-#include "capsule/replay/plugin_loader.h"
 
 namespace capsule::cli {
 
@@ -41,13 +40,9 @@ int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
     PrintError(key.status().WithContext("--key"));
     return kExitError;
   }
-  if (Status s = LoadPlugins(o.plugins, registry); !s.ok()) {
-    PrintError(s);
-    return kExitError;
-  }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded = LoadPluginsAndCapsule(
+      o.plugins, registry, o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
   if (!loaded) return rc;
   auto extract =
       ExtractLayer(*loaded->decoded.capsule, registry, {o.layer, Sha256Hex(loaded->bytes)});

@@ -14,7 +14,6 @@
 #include "capsule/format/signing.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/minimize.h"
-#include "capsule/replay/plugin_loader.h"
 
 namespace capsule::cli {
 
@@ -44,13 +43,9 @@ int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
     PrintError(key.status().WithContext("--key"));
     return kExitError;
   }
-  if (Status s = LoadPlugins(o.plugins, registry); !s.ok()) {
-    PrintError(s);
-    return kExitError;
-  }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded = LoadPluginsAndCapsule(
+      o.plugins, registry, o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
   if (!loaded) return rc;
   MinimizeOptions options;
   options.max_replays = o.max_replays;

@@ -12,7 +12,6 @@
 #include "capsule/format/capsule_reader.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
-#include "capsule/replay/plugin_loader.h"
 #include "capsule/replay/replayer.h"
 #include "capsule/report/replay_text.h"
 #include "capsule/report/report.h"
@@ -182,13 +181,9 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
     };
   }
 
-  if (Status s = LoadPlugins(o.plugins, registry); !s.ok()) {
-    PrintError(s);
-    return kExitError;
-  }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded = LoadPluginsAndCapsule(
+      o.plugins, registry, o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
   if (!loaded) return rc;
   auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
   if (tty) std::cerr << "\r\033[K" << std::flush;
