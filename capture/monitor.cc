@@ -51,6 +51,7 @@ struct Monitor::State {
     std::string name;
     std::function<std::string()> save;
     uint64_t seed;
+    std::function<void(const std::string&)> restore;  // may be empty
   };
   std::vector<NamedRng> user_rngs;
   v1::Identity identity;
@@ -162,7 +163,12 @@ Status Monitor::SetIdentity(const IdentityInfo& info) {
 
 void Monitor::RegisterRng(const std::string& name, std::function<std::string()> save,
                           uint64_t seed) {
-  state_->user_rngs.push_back({name, std::move(save), seed});
+  state_->user_rngs.push_back({name, std::move(save), seed, nullptr});
+}
+
+void Monitor::RegisterRng(const std::string& name, std::function<std::string()> save, uint64_t seed,
+                          std::function<void(const std::string&)> restore) {
+  state_->user_rngs.push_back({name, std::move(save), seed, std::move(restore)});
 }
 
 void Monitor::Log(const std::string& line) {
@@ -389,7 +395,21 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
 
   std::optional<ProbeResult> rerun;
   if (state_->model != nullptr && options_.rerun) {
-    CAPSULE_ASSIGN_OR_RETURN(rerun, RerunStep(state_->model->Path(state_->path), snap));
+    // User RNGs that can be restored draw in the re-run as they did in the step, and come back to
+    // where the trainer left them however the re-run ends.
+    std::vector<std::pair<const State::NamedRng*, std::string>> put_back;
+    for (const State::NamedRng& r : state_->user_rngs) {
+      if (!r.restore) continue;
+      for (const RngBlobData& b : snap.user_rngs) {
+        if (b.name != r.name) continue;
+        put_back.emplace_back(&r, r.save());
+        r.restore(b.state);
+      }
+    }
+    StatusOr<ProbeResult> probe = RerunStep(state_->model->Path(state_->path), snap);
+    for (const auto& [r, state] : put_back) r->restore(state);
+    if (!probe.ok()) return probe.status();
+    rerun = std::move(*probe);
   }
   CAPSULE_ASSIGN_OR_RETURN(
       internal::BuiltCapsule built,

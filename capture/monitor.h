@@ -204,6 +204,10 @@ class Monitor {
 
   // A trainer RNG (e.g. the data sampler) to store in capsules: `save` returns its state bytes.
   void RegisterRng(const std::string& name, std::function<std::string()> save, uint64_t seed = 0);
+  // The same, with `restore` (state bytes from `save`) so that the capture re-run draws from this
+  // RNG exactly as the step did: it is set to the step's state for the re-run and put back after.
+  void RegisterRng(const std::string& name, std::function<std::string()> save, uint64_t seed,
+                   std::function<void(const std::string&)> restore);
 
   // Adds or replaces an annotation stored in every later capsule (MonitorOptions::annotations).
   void Annotate(const std::string& key, const std::string& value) {

@@ -335,16 +335,24 @@ PYBIND11_MODULE(_capsule, m) {
              self.model = std::move(model);
              self.monitor.AttachModel(self.model.get(), PathKind::kOptimized);
            })
-      .def("register_rng",
-           [](PyMonitor& self, const std::string& name, py::function save, uint64_t seed) {
-             self.monitor.RegisterRng(
-                 name,
-                 [save]() {
-                   py::gil_scoped_acquire gil;
-                   return save().cast<std::string>();
-                 },
-                 seed);
-           })
+      .def(
+          "register_rng",
+          [](PyMonitor& self, const std::string& name, py::function save, uint64_t seed,
+             py::object restore) {
+            auto saver = [save]() {
+              py::gil_scoped_acquire gil;
+              return save().cast<std::string>();
+            };
+            if (restore.is_none()) {
+              self.monitor.RegisterRng(name, saver, seed);
+              return;
+            }
+            self.monitor.RegisterRng(name, saver, seed, [restore](const std::string& state) {
+              py::gil_scoped_acquire gil;
+              restore(py::bytes(state));
+            });
+          },
+          py::arg("name"), py::arg("save"), py::arg("seed") = 0, py::arg("restore") = py::none())
       .def("log", [](PyMonitor& self, const std::string& line) { self.monitor.Log(line); })
       .def("annotate", [](PyMonitor& self, const std::string& key,
                           const std::string& value) { self.monitor.Annotate(key, value); })

@@ -259,18 +259,23 @@ class Monitor:
                              "observe-only: per-module statistics from hooks; layerwise replay "
                              "and bisect need the model as named stages (capsule.Model)")
 
-    def register_rng(self, name, save, seed=0):
-        """A user RNG stored in capsules: ``save()`` returns its state as bytes or str."""
-        self._m.register_rng(name, lambda: _as_bytes(save()), seed)
+    def register_rng(self, name, save, seed=0, restore=None):
+        """A user RNG stored in capsules: ``save()`` returns its state as bytes or str. With
+        ``restore(state_bytes)``, the capture re-run draws from it as the step did, and it is put
+        back afterwards."""
+        self._m.register_rng(name, lambda: _as_bytes(save()), seed, restore)
 
     def register_python_rngs(self):
-        """Python's ``random`` and NumPy's global RNG, as ``python.random`` and ``numpy.random``."""
+        """Python's ``random`` and NumPy's global RNG, as ``python.random`` and ``numpy.random``,
+        stored in capsules and restored for the capture re-run."""
         import pickle
         import random
-        self.register_rng("python.random", lambda: pickle.dumps(random.getstate()))
+        self.register_rng("python.random", lambda: pickle.dumps(random.getstate()),
+                          restore=lambda b: random.setstate(pickle.loads(b)))
         try:
             import numpy
-            self.register_rng("numpy.random", lambda: pickle.dumps(numpy.random.get_state()))
+            self.register_rng("numpy.random", lambda: pickle.dumps(numpy.random.get_state()),
+                              restore=lambda b: numpy.random.set_state(pickle.loads(b)))
         except ImportError:
             pass
 

@@ -345,3 +345,34 @@ def test_monitor_takes_the_cpp_options_and_refuses_unknown_ones(tmp_path, keys):
     assert c["model"]["weight_policy"] == "WEIGHTS_NONE"
     assert not any(t.get("role") == "PARAMETER" for t in c.get("tensors", []))
     assert c["run_name"] == "opts"
+
+
+def test_the_capture_rerun_draws_python_and_numpy_rngs_as_the_step_did(tmp_path, keys):
+    import numpy
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+
+    def noisy(m, x, b):  # a stage drawing from Python's and NumPy's RNGs (augmentation, say)
+        return m[0](x) * (1 + random.random()) + float(numpy.random.rand())
+
+    stages = [("0", noisy), ("1", lambda m, x, b: m[1](x)),
+              ("loss", lambda m, x, b: torch.nn.functional.mse_loss(x, b["labels"]))]
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              log_sink=lambda line: None)
+    monitor.register_python_rngs()
+    monitor.attach(capsule.Model("noisy", seq, stages))
+    batch = {"inputs": torch.randn(3, 4), "labels": torch.randn(3, 1)}
+    random.seed(1)
+    numpy.random.seed(2)
+    with monitor.step(0, batch=batch) as s:
+        h = batch["inputs"]
+        for _, fn in stages:
+            h = fn(seq, h, batch)
+        after_step = (random.getstate(), numpy.random.get_state()[1].copy())
+        s.end(loss=h)
+        s.capture_now("rng")
+    # The re-run drew the same numbers: it reproduced the loss bitwise.
+    assert s.report["rerun_reproduced"], s.report["summary"]
+    # And the trainer's RNGs are where its step left them.
+    assert random.getstate() == after_step[0]
+    assert (numpy.random.get_state()[1] == after_step[1]).all()
