@@ -42,6 +42,9 @@ CLI::Validator NonNegativeNumber();
 // and never the command's own input).
 void AddForceOption(CLI::App* cmd, bool* force);
 
+// --plugin SO (repeatable): shared libraries registering the models a command re-runs.
+void AddPluginOption(CLI::App* cmd, std::vector<std::string>* plugins);
+
 struct InspectOptions {
   std::string file;
   TrustOptions trust;

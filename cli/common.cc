@@ -95,6 +95,12 @@ CLI::Validator NonNegativeNumber() {
       "NUMBER>=0");
 }
 
+void AddPluginOption(CLI::App* cmd, std::vector<std::string>* plugins) {
+  cmd->add_option("--plugin", *plugins,
+                  "Shared library registering the capsules' models; repeatable")
+      ->check(CLI::ExistingFile);
+}
+
 void AddForceOption(CLI::App* cmd, bool* force) {
   cmd->add_flag("--force", *force,
                 "Replace OUT when it exists (a regular file only; never the input itself)");

@@ -25,9 +25,7 @@ void SetupExtractCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
   AddForceOption(cmd, &options->force);
-  cmd->add_option("--plugin", options->plugins,
-                  "Shared library registering the capsule's model; repeatable")
-      ->check(CLI::ExistingFile);
+  AddPluginOption(cmd, &options->plugins);
   AddTrustOptions(cmd, &options->trust);
   cmd->callback([options, run, registry] {
     *run = [options, registry] { return RunExtractCommand(*options, *registry); };

@@ -32,9 +32,7 @@ void SetupGateCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("dir", options->dir, "Folder of capsules (*.capsule, not recursive)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--plugin", options->plugins,
-                  "Shared library registering the capsules' models; repeatable")
-      ->check(CLI::ExistingFile);
+  AddPluginOption(cmd, &options->plugins);
   AddTrustOptions(cmd, &options->trust);
   cmd->add_flag("--json", options->json, "Print the result as JSON");
   cmd->callback([options, run, registry] {

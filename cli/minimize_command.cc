@@ -26,9 +26,7 @@ void SetupMinimizeCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
   AddForceOption(cmd, &options->force);
-  cmd->add_option("--plugin", options->plugins,
-                  "Shared library registering the capsule's model; repeatable")
-      ->check(CLI::ExistingFile);
+  AddPluginOption(cmd, &options->plugins);
   AddTrustOptions(cmd, &options->trust);
   cmd->add_option("--max-replays", options->max_replays, "Stop the search after this many replays")
       ->check(CLI::Range(2, 10000));

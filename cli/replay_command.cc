@@ -121,9 +121,7 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   auto options = std::make_shared<ReplayCliOptions>();
   CLI::App* cmd = app.add_subcommand("replay", kReplayDescription);
   cmd->add_option("file", options->file, "Capsule file")->required();
-  cmd->add_option("--plugin", options->plugins,
-                  "Shared library registering the capsule's model; repeatable")
-      ->check(CLI::ExistingFile);
+  AddPluginOption(cmd, &options->plugins);
   AddTrustOptions(cmd, &options->trust);
   cmd->add_option("--weights", options->weights,
                   "Capsule holding all weights, when this one does not embed them")
