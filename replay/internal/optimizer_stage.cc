@@ -74,13 +74,22 @@ v1::StageReport RunOptimizerStage(const v1::Capsule& c, double reference_grad_no
 
   // Which parameters moved, and which had non-finite gradients.
   std::vector<std::string> nonfinite_grads, moved, moved_nonfinite, frozen_moved, frozen_idle;
+  std::vector<std::string> frozen_why;  // the first few frozen_moved, with how and how much
   for (const v1::ParamStep& p : opt.params()) {
     const bool changed = p.update_norm() != 0;  // NaN (a non-finite update) counts as a change
     if (changed) moved.push_back(p.name());
     if (changed && !std::isfinite(p.update_norm())) moved_nonfinite.push_back(p.name());
     if (!std::isfinite(p.grad_norm())) nonfinite_grads.push_back(p.name());
     const bool frozen = !p.requires_grad() || p.group() < 0;
-    if (frozen && changed) frozen_moved.push_back(p.name());
+    if (frozen && changed) {
+      frozen_moved.push_back(p.name());
+      if (frozen_why.size() < 4) {
+        frozen_why.push_back(p.name() + " (" + (p.requires_grad() ? "" : "requires_grad false, ") +
+                             (p.group() >= 0 ? "in group " + std::to_string(p.group())
+                                             : std::string("in no group")) +
+                             ") moved by " + Num(p.update_norm()));
+      }
+    }
     if (frozen && !changed && p.group() >= 0) frozen_idle.push_back(p.name());
   }
   const bool overflow = opt.found_inf() || !nonfinite_grads.empty();
@@ -96,21 +105,9 @@ v1::StageReport RunOptimizerStage(const v1::Capsule& c, double reference_grad_no
                      : ") and no parameter changed: the step was skipped, as it should be"));
   }
   if (!frozen_moved.empty()) {
-    std::vector<std::string> why;
-    for (const v1::ParamStep& p : opt.params()) {
-      if (std::find(frozen_moved.begin(), frozen_moved.end(), p.name()) == frozen_moved.end()) {
-        continue;
-      }
-      why.push_back(p.name() + (p.requires_grad() ? "" : " (requires_grad false") +
-                    (p.group() >= 0 ? std::string(p.requires_grad() ? " (" : ", ") + "in group " +
-                                          std::to_string(p.group()) + ")"
-                                    : std::string(p.requires_grad() ? "" : ")")) +
-                    " moved by " + Num(p.update_norm()));
-      if (why.size() == 4) break;
-    }
     Add(r, "optimizer.frozen_updated", true, static_cast<double>(frozen_moved.size()), 0,
         std::to_string(frozen_moved.size()) +
-            " frozen parameters changed in the step: " + List(why) +
+            " frozen parameters changed in the step: " + List(frozen_why) +
             "; a frozen parameter left in the optimizer still moves by its momentum and weight "
             "decay: remove it from the optimizer's groups");
   } else if (!frozen_idle.empty()) {
