@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 
 namespace capsule {
@@ -41,5 +43,22 @@ Status Model::LoadParameters(const std::vector<NamedTensor>& params) {
   }
   return Status::Ok();
 }
+
+Status Model::SetEnabledFeatures(const std::vector<std::string>& enabled) {
+  const std::vector<std::string> known = FeatureSwitches();
+  for (const std::string& name : enabled) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return InvalidArgumentError("the model has no optimization switch '" + name + "'");
+    }
+  }
+  const std::vector<std::string> on = EnabledFeatures();
+  if (std::set<std::string>(enabled.begin(), enabled.end()) !=
+      std::set<std::string>(on.begin(), on.end())) {
+    return UnimplementedError("the model lists optimization switches but cannot turn them");
+  }
+  return Status::Ok();
+}
+
+std::optional<LayerInputSpec> Model::LayerInputs(size_t /*i*/) const { return std::nullopt; }
 
 }  // namespace capsule

@@ -13,6 +13,9 @@
 #ifndef CAPSULE_MODEL_MODEL_H_
 #define CAPSULE_MODEL_MODEL_H_
 
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,24 @@ namespace capsule {
 struct ModelSpecInfo {
   std::string registry_name;
   std::string config_json;
+};
+
+// What the inputs of one layer may legally be, so that `capsule stress` (replay/stress.h) can
+// generate inputs beside the captured one without feeding the layer something it never gets.
+// Dimensions are those of the layer's input 0; the batch tensors' dims 0 and 1 (tokens, labels,
+// masks) follow batch_dim and length_dim.
+struct LayerInputSpec {
+  int64_t batch_dim = -1;   // a dimension of any size >= 1; -1: none may vary
+  int64_t length_dim = -1;  // a sequence dimension of size 1..max_length; -1: none
+  int64_t max_length = 0;
+  // The optimized kernels' tile along length_dim, when they have one: stress probes 1, tile - 1,
+  // tile, tile + 1 and the other boundaries up to max_length. 0: only odd and extreme lengths.
+  int64_t tile = 0;
+  // The largest legal magnitude of an input element; 0: the square root of the compute dtype's
+  // largest finite value (products of two legal values stay finite).
+  double max_abs = 0;
+  bool nonfinite_legal = false;       // whether +-Inf may come in (then it is generated too)
+  bool reads_attention_mask = false;  // all-masked and single-token rows are generated then
 };
 
 class Model {
@@ -49,6 +70,22 @@ class Model {
   // copied then. The default does exactly this over NamedParameters() (whose tensors must be the
   // model's own, not copies), under at::NoGradGuard: override it only to load differently.
   virtual Status LoadParameters(const std::vector<NamedTensor>& params);
+
+  // Named optimization switches of the OPTIMIZED path ("fused_softmax", "bf16_matmul"): each
+  // swaps a plain implementation of the same math for an optimized one. Replay's features bisect
+  // (`capsule replay --bisect=features`) turns them on and off to name the switch that makes a
+  // layer diverge. The order is the model's own (bisect searches prefixes of it). Default: none.
+  virtual std::vector<std::string> FeatureSwitches() const { return {}; }
+  // The switches on now (all of them unless the trainer or Spec() said otherwise).
+  virtual std::vector<std::string> EnabledFeatures() const { return FeatureSwitches(); }
+  // Turns on exactly `enabled` and the other switches off; the change is part of Spec().
+  // kInvalidArgument naming an unknown switch, and nothing changes then. The default accepts only
+  // the set already on (kUnimplemented otherwise): a model with switches overrides it.
+  virtual Status SetEnabledFeatures(const std::vector<std::string>& enabled);
+
+  // What layer i's inputs may be (LayerInputSpec); nullopt when the model does not say, and stress
+  // then keeps the captured shape.
+  virtual std::optional<LayerInputSpec> LayerInputs(size_t i) const;
 };
 
 }  // namespace capsule

@@ -10,7 +10,7 @@
 namespace capsule::tiny_gpt {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, const char*>, 17> kKindNames = {{
+constexpr std::array<std::pair<FaultKind, const char*>, 18> kKindNames = {{
     {FaultKind::kNone, "none"},
     {FaultKind::kNan, "nan"},
     {FaultKind::kSoftmaxOverflow, "softmax-overflow"},
@@ -28,6 +28,7 @@ constexpr std::array<std::pair<FaultKind, const char*>, 17> kKindNames = {{
     {FaultKind::kDecayOnNorm, "decay-on-norm"},
     {FaultKind::kStepOnOverflow, "step-on-overflow"},
     {FaultKind::kClipBeforeUnscale, "clip-before-unscale"},
+    {FaultKind::kGeluGrad, "gelu-grad"},
 }};
 
 bool KindNeedsLayer(FaultKind kind) {
@@ -54,7 +55,7 @@ StatusOr<FaultKind> ParseFaultKind(std::string_view name) {
       "tiny_gpt: unknown fault kind '" + std::string(name) +
       "' (use none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
       "loss-sum, labels-unshifted, disconnected, pad-in-loss, accum-scale, frozen-updated, "
-      "decay-on-norm, step-on-overflow or clip-before-unscale)");
+      "decay-on-norm, step-on-overflow, clip-before-unscale or gelu-grad)");
 }
 
 std::string FaultSpec::ToString() const {

@@ -2,13 +2,20 @@
 //
 // A FaultSpec names a fault kind, the layer it hits (a LayerSequence name such as "blocks.2") and
 // the first training step at which it is active. Apart from bad-data, every fault lives in the
-// OPTIMIZED path, so the REFERENCE path shows what the layer should have computed:
-//   nan               the layer's kernel writes NaN into its output, from the step on
+// OPTIMIZED path, so the REFERENCE path shows what the layer should have computed. A kernel fault
+// lives in one of the optimized path's switches (TinyGpt::FeatureSwitches, named in brackets) and
+// is gone with that switch off:
+//   nan               the layer's kernel writes NaN into its output, from the step on (in a block:
+//                     [fused_gelu])
 //   softmax-overflow  the block's attention logits are large (both paths) and the fused softmax
 //                     skips the max subtraction, so exp() overflows in FP32 (the reference is
-//                     stable)
-//   tail-block        the block's fused kernels skip the n % 16 tail of their tiled loops
-//   eps               the layer norms of the layer use kFaultyLayerNormEps instead of the config's
+//                     stable) [fused_softmax]
+//   tail-block        the block's fused softmax skips the n % 16 tail of rows of n > 16 visible
+//                     keys, so the failure needs T >= 17 [fused_softmax]
+//   eps               the fused layer norms of the layer use kFaultyLayerNormEps instead of the
+//                     config's [fused_layer_norm]
+//   gelu-grad         the block's fused GELU backward drops a term of the derivative: the forward
+//                     is right, the gradients are not [fused_gelu]
 //   bad-data          not a layer fault: one sample of that one step's batch is corrupted
 //                     (CorruptBatch)
 //   bad-batch         as bad-data, but every sample of the batch is corrupted: no sample stands
@@ -69,12 +76,13 @@ enum class FaultKind {
   kFrozenUpdated,
   kDecayOnNorm,
   kStepOnOverflow,
-  kClipBeforeUnscale
+  kClipBeforeUnscale,
+  kGeluGrad
 };
 
 // "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient", "loss-sum",
 // "labels-unshifted", "bad-batch", "disconnected", "pad-in-loss", "accum-scale",
-// "frozen-updated", "decay-on-norm", "step-on-overflow", "clip-before-unscale".
+// "frozen-updated", "decay-on-norm", "step-on-overflow", "clip-before-unscale", "gelu-grad".
 const char* FaultKindName(FaultKind kind);
 StatusOr<FaultKind> ParseFaultKind(std::string_view name);
 

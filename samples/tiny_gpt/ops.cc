@@ -73,7 +73,7 @@ void SoftmaxRowForward(const T* x, T* y, int64_t n, int64_t width, T scale,
   for (int64_t j = 0; j < full; j += kTile) {
     for (int64_t l = 0; l < kTile; ++l) y[j + l] *= inv;
   }
-  if (!defects.drop_tail) {
+  if (!(defects.drop_tail && full > 0)) {
     for (int64_t j = full; j < n; ++j) y[j] *= inv;
   }
   std::fill(y + n, y + width, T(0));
@@ -187,7 +187,7 @@ void LayerNormRowForward(const T* x, const T* w, const T* b, T* y, int64_t d, T 
     }
   }
   for (int64_t j = full; j < d; ++j) {
-    y[j] = defects.drop_tail ? x[j] : (x[j] - mean) * rstd * w[j] + b[j];
+    y[j] = defects.drop_tail && full > 0 ? x[j] : (x[j] - mean) * rstd * w[j] + b[j];
   }
   *mean_out = mean;
   *rstd_out = rstd;
@@ -334,12 +334,14 @@ T GeluValue(T x) {
   return T(0.5) * x * (T(1) + std::tanh(u));
 }
 
+// With `wrong` (KernelDefects::wrong_grad) the product rule's second term loses its 1/2:
+// x sech^2(u) u' instead of x/2 sech^2(u) u'.
 template <typename T>
-T GeluDerivative(T x) {
+T GeluDerivative(T x, bool wrong = false) {
   const T u = static_cast<T>(kGeluK0) * (x + static_cast<T>(kGeluK1) * x * x * x);
   const T t = std::tanh(u);
   const T du = static_cast<T>(kGeluK0) * (T(1) + T(3) * static_cast<T>(kGeluK1) * x * x);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+  return T(0.5) * (T(1) + t) + (wrong ? T(1) : T(0.5)) * x * (T(1) - t * t) * du;
 }
 
 at::Tensor GeluForward(const at::Tensor& x, const KernelDefects& defects) {
@@ -357,7 +359,9 @@ at::Tensor GeluForward(const at::Tensor& x, const KernelDefects& defects) {
         for (int64_t j = 0; j < full; j += kTile) {
           for (int64_t l = 0; l < kTile; ++l) yr[j + l] = GeluValue(xr[j + l]);
         }
-        for (int64_t j = full; j < d; ++j) yr[j] = defects.drop_tail ? xr[j] : GeluValue(xr[j]);
+        for (int64_t j = full; j < d; ++j) {
+          yr[j] = defects.drop_tail && full > 0 ? xr[j] : GeluValue(xr[j]);
+        }
       }
     });
   });
@@ -365,7 +369,7 @@ at::Tensor GeluForward(const at::Tensor& x, const KernelDefects& defects) {
   return y;
 }
 
-at::Tensor GeluBackward(const at::Tensor& g, const at::Tensor& x) {
+at::Tensor GeluBackward(const at::Tensor& g, const at::Tensor& x, bool wrong_grad) {
   const int64_t d = x.dim() == 0 ? 1 : x.size(-1);
   const int64_t rows = x.numel() / std::max<int64_t>(1, d);
   at::Tensor dx = at::empty_like(x);
@@ -379,10 +383,12 @@ at::Tensor GeluBackward(const at::Tensor& g, const at::Tensor& x) {
         const int64_t o = r * d;
         for (int64_t j = 0; j < full; j += kTile) {
           for (int64_t l = 0; l < kTile; ++l) {
-            dp[o + j + l] = gp[o + j + l] * GeluDerivative(xp[o + j + l]);
+            dp[o + j + l] = gp[o + j + l] * GeluDerivative(xp[o + j + l], wrong_grad);
           }
         }
-        for (int64_t j = full; j < d; ++j) dp[o + j] = gp[o + j] * GeluDerivative(xp[o + j]);
+        for (int64_t j = full; j < d; ++j) {
+          dp[o + j] = gp[o + j] * GeluDerivative(xp[o + j], wrong_grad);
+        }
       }
     });
   });
@@ -395,12 +401,14 @@ class FusedGeluFunction : public torch::autograd::Function<FusedGeluFunction> {
                             const KernelDefects& defects) {
     const at::Tensor xc = x.contiguous();
     ctx->save_for_backward({xc});
+    ctx->saved_data["wrong_grad"] = defects.wrong_grad;
     return GeluForward(xc, defects);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor x = ctx->get_saved_variables()[0];
-    return {GeluBackward(grads[0].contiguous(), x), at::Tensor()};
+    const bool wrong_grad = ctx->saved_data["wrong_grad"].toBool();
+    return {GeluBackward(grads[0].contiguous(), x, wrong_grad), at::Tensor()};
   }
 };
 

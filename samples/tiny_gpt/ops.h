@@ -34,10 +34,15 @@ struct KernelDefects {
   bool write_nan = false;
   // Softmax only: exponentiates without subtracting the row maximum, so large logits overflow.
   bool skip_max = false;
-  // The last pass skips the n % 16 tail of each row, which keeps whatever earlier passes left
-  // there: unnormalised exponentials for softmax, the input itself for layer norm and GELU (as in
-  // an in-place kernel). Rows whose width is a multiple of 16 are unaffected.
+  // The last pass skips the n % 16 tail of each row that has at least one full tile, which keeps
+  // whatever earlier passes left there: unnormalised exponentials for softmax, the input itself
+  // for layer norm and GELU (as in an in-place kernel). Rows whose width is a multiple of 16 are
+  // unaffected, and so are rows shorter than one tile (all tail: the scalar loop alone, which is
+  // right). A causal softmax row i has i + 1 visible keys, so T >= 17 is needed.
   bool drop_tail = false;
+  // GELU only: the hand-written backward drops the 1/2 of the product rule's second term
+  // (x sech^2(u) u' for x/2 sech^2(u) u'). The forward is right; only gradients are wrong.
+  bool wrong_grad = false;
 };
 
 // Causal scaled softmax over the last dimension: out[..., i, j] = softmax_j(scale * scores[..., i,

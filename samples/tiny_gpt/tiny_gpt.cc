@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -198,7 +199,7 @@ class TinyGpt::OptimizedPath : public LayerSequence {
     if (layer == c.n_layers + 1) {
       KernelDefects defects;
       defects.write_nan = poison;
-      return {FusedLayerNorm(x, m_.ln_f_weight_, m_.ln_f_bias_, eps, defects)};
+      return {LayerNorm(x, m_.ln_f_weight_, m_.ln_f_bias_, eps, defects)};
     }
     const at::Tensor out =
         layer == c.n_layers + 2
@@ -208,30 +209,45 @@ class TinyGpt::OptimizedPath : public LayerSequence {
   }
 
  private:
+  // Each fused kernel behind its switch: off, the plain ATen composition in FP32 runs, with the
+  // config's epsilon and without the kernel's defects (the faults tied to the switch).
+  at::Tensor LayerNorm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
+                       const KernelDefects& defects) {
+    if (m_.fused_layer_norm_) return FusedLayerNorm(x, w, b, eps, defects);
+    return ReferenceLayerNorm(x, w, b, m_.config_.layer_norm_eps);
+  }
+  at::Tensor Softmax(const at::Tensor& scores, double scale, const KernelDefects& defects) {
+    if (m_.fused_softmax_) return FusedCausalSoftmax(scores, scale, defects);
+    return ReferenceCausalSoftmax(scores, scale);
+  }
+  at::Tensor Gelu(const at::Tensor& x, const KernelDefects& defects) {
+    if (m_.fused_gelu_) return FusedGelu(x, defects);
+    return ReferenceGelu(x);
+  }
+
   at::Tensor RunBlock(const TinyGpt::Block& p, int64_t layer, const at::Tensor& x, double eps,
                       bool poison, const LayerBatch& batch) {
     const TinyGptConfig& c = m_.config_;
     const double head_scale = 1.0 / std::sqrt(static_cast<double>(c.d_model / c.n_heads));
     const bool overflow = m_.FaultActive(FaultKind::kSoftmaxOverflow, layer);
     const double gain = overflow ? kOverflowLogitGain : 1.0;
-    KernelDefects norm_defects;
-    norm_defects.drop_tail = m_.FaultActive(FaultKind::kTailBlock, layer);
-    KernelDefects softmax_defects = norm_defects;
+    KernelDefects softmax_defects;
+    softmax_defects.drop_tail = m_.FaultActive(FaultKind::kTailBlock, layer);
     softmax_defects.skip_max = overflow;
-    KernelDefects gelu_defects = norm_defects;
+    KernelDefects gelu_defects;
     gelu_defects.write_nan = poison;
+    gelu_defects.wrong_grad = m_.FaultActive(FaultKind::kGeluGrad, layer);
 
-    const at::Tensor h = FusedLayerNorm(x, p.ln1_w, p.ln1_b, eps, norm_defects);
+    const at::Tensor h = LayerNorm(x, p.ln1_w, p.ln1_b, eps, {});
     const std::vector<at::Tensor> qkv = SplitHeads(at::linear(h, p.qkv_w, p.qkv_b), c.n_heads);
     const at::Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1));
-    const at::Tensor attn =
-        at::matmul(FusedCausalSoftmax(scores, head_scale * gain, softmax_defects), qkv[2]);
+    const at::Tensor attn = at::matmul(Softmax(scores, head_scale * gain, softmax_defects), qkv[2]);
     const at::Tensor y =
         x + Dropout(at::linear(MergeHeads(attn), p.proj_w, p.proj_b), c.dropout, batch);
 
-    const at::Tensor h2 = FusedLayerNorm(y, p.ln2_w, p.ln2_b, eps, norm_defects);
+    const at::Tensor h2 = LayerNorm(y, p.ln2_w, p.ln2_b, eps, {});
     const at::Tensor mlp =
-        at::linear(FusedGelu(at::linear(h2, p.fc1_w, p.fc1_b), gelu_defects), p.fc2_w, p.fc2_b);
+        at::linear(Gelu(at::linear(h2, p.fc1_w, p.fc1_b), gelu_defects), p.fc2_w, p.fc2_b);
     const bool cut = m_.FaultActive(FaultKind::kDisconnected, layer);
     return y + Dropout(cut ? mlp.detach() : mlp, c.dropout, batch);
   }
@@ -260,6 +276,24 @@ StatusOr<std::unique_ptr<TinyGpt>> TinyGpt::FromSpec(const ModelSpecInfo& spec) 
   }
   if (obj.count("fault_armed") != 0) {
     CAPSULE_ASSIGN_OR_RETURN(model->transient_armed_, internal::GetBool(obj, "fault_armed"));
+  }
+  if (obj.count("disabled_features") != 0) {
+    CAPSULE_ASSIGN_OR_RETURN(std::string off, internal::GetString(obj, "disabled_features"));
+    std::set<std::string> disabled;
+    for (size_t start = 0; start < off.size();) {
+      const size_t comma = std::min(off.find(',', start), off.size());
+      disabled.insert(off.substr(start, comma - start));
+      start = comma + 1;
+    }
+    std::vector<std::string> enabled;
+    for (const std::string& name : model->FeatureSwitches()) {
+      if (disabled.erase(name) == 0) enabled.push_back(name);
+    }
+    if (!disabled.empty()) {
+      return InvalidArgumentError("tiny_gpt: disabled_features names unknown switch '" +
+                                  *disabled.begin() + "'");
+    }
+    CAPSULE_RETURN_IF_ERROR(model->SetEnabledFeatures(enabled));
   }
   return model;
 }
@@ -357,8 +391,60 @@ ModelSpecInfo TinyGpt::Spec() const {
   std::string json = config_.ToJson();
   json.pop_back();
   json += ",\"step\":" + std::to_string(step_) +
-          ",\"fault_armed\":" + (transient_armed_ ? "true" : "false") + "}";
-  return {kRegistryName, json};
+          ",\"fault_armed\":" + (transient_armed_ ? "true" : "false");
+  const std::vector<std::string> on = EnabledFeatures();
+  std::string off;
+  for (const std::string& name : FeatureSwitches()) {
+    if (std::find(on.begin(), on.end(), name) != on.end()) continue;
+    off += (off.empty() ? "" : ",") + name;
+  }
+  // Only when a switch is off, so that the specs of every earlier capsule stay as they were.
+  if (!off.empty()) json += ",\"disabled_features\":\"" + off + "\"";
+  return {kRegistryName, json + "}"};
+}
+
+std::vector<std::string> TinyGpt::FeatureSwitches() const {
+  return {"fused_layer_norm", "fused_softmax", "fused_gelu"};
+}
+
+std::vector<std::string> TinyGpt::EnabledFeatures() const {
+  std::vector<std::string> on;
+  if (fused_layer_norm_) on.emplace_back("fused_layer_norm");
+  if (fused_softmax_) on.emplace_back("fused_softmax");
+  if (fused_gelu_) on.emplace_back("fused_gelu");
+  return on;
+}
+
+Status TinyGpt::SetEnabledFeatures(const std::vector<std::string>& enabled) {
+  bool norm = false, softmax = false, gelu = false;
+  for (const std::string& name : enabled) {
+    if (name == "fused_layer_norm") {
+      norm = true;
+    } else if (name == "fused_softmax") {
+      softmax = true;
+    } else if (name == "fused_gelu") {
+      gelu = true;
+    } else {
+      return InvalidArgumentError("tiny_gpt: no optimization switch '" + name +
+                                  "' (fused_layer_norm, fused_softmax, fused_gelu)");
+    }
+  }
+  fused_layer_norm_ = norm;
+  fused_softmax_ = softmax;
+  fused_gelu_ = gelu;
+  return Status::Ok();
+}
+
+std::optional<LayerInputSpec> TinyGpt::LayerInputs(size_t i) const {
+  const int64_t layer = static_cast<int64_t>(i);
+  if (layer < 1 || layer > config_.n_layers) return std::nullopt;
+  LayerInputSpec spec;
+  spec.batch_dim = 0;
+  spec.length_dim = 1;
+  spec.max_length = config_.seq_len;
+  spec.tile = kKernelTile;
+  spec.max_abs = 1e4;
+  return spec;
 }
 
 Status TinyGpt::SetFault(const FaultSpec& fault) {

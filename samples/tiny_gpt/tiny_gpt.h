@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,17 @@ class TinyGpt : public Model {
   std::vector<NamedTensor> NamedParameters() const override;
   // {"tiny_gpt", config JSON plus "step" and "fault_armed"}.
   ModelSpecInfo Spec() const override;
+
+  // "fused_layer_norm", "fused_softmax", "fused_gelu": the hand-written kernels of ops.h. Off, a
+  // switch runs the plain ATen composition (ops.h Reference*) in FP32 instead, and the faults tied
+  // to it (faults.h) are gone. All on by default; Spec() records the ones off.
+  std::vector<std::string> FeatureSwitches() const override;
+  std::vector<std::string> EnabledFeatures() const override;
+  Status SetEnabledFeatures(const std::vector<std::string>& enabled) override;
+  // Blocks: [batch, T, d_model] with any batch and T in 1..seq_len, the fused softmax's tile
+  // along T, magnitudes up to 1e4 (a residual stream far larger than a trained model's).
+  // Other layers keep their captured shape.
+  std::optional<LayerInputSpec> LayerInputs(size_t i) const override;
 
   // The FP32 masters in NamedParameters() order, ready for a torch::optim optimizer.
   std::vector<at::Tensor> parameters() const;
@@ -97,6 +109,9 @@ class TinyGpt : public Model {
   TinyGptConfig config_;
   int64_t step_ = 0;
   bool transient_armed_ = true;
+  bool fused_layer_norm_ = true;
+  bool fused_softmax_ = true;
+  bool fused_gelu_ = true;
 
   at::Tensor tok_embedding_;  // [vocab, d]
   at::Tensor pos_embedding_;  // [seq_len, d]

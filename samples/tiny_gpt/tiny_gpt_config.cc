@@ -94,6 +94,7 @@ Status TinyGptConfig::Validate() const {
     case FaultKind::kSoftmaxOverflow:
     case FaultKind::kTailBlock:
     case FaultKind::kDisconnected:
+    case FaultKind::kGeluGrad:
       if (!IsBlock(layer) || layer_index(layer) < 0) {
         return ConfigError("fault " + kind + " needs a block layer (blocks.0-" +
                            std::to_string(n_layers - 1) + "), got '" + layer + "'");
@@ -129,9 +130,9 @@ std::string TinyGptConfig::ToJson() const {
 StatusOr<TinyGptConfig> TinyGptConfig::FromJson(std::string_view json) {
   CAPSULE_ASSIGN_OR_RETURN(FlatJsonObject obj, internal::ParseFlatJsonObject(json));
   static const std::set<std::string> kKnown = {
-      "vocab_size",  "d_model",         "n_heads",        "n_layers",   "seq_len",
-      "mlp_mult",    "dropout",         "layer_norm_eps", "seed",       "fault",
-      "fault_layer", "fault_from_step", "step",           "fault_armed"};
+      "vocab_size",  "d_model",         "n_heads",        "n_layers",    "seq_len",
+      "mlp_mult",    "dropout",         "layer_norm_eps", "seed",        "fault",
+      "fault_layer", "fault_from_step", "step",           "fault_armed", "disabled_features"};
   for (const auto& [key, value] : obj) {
     if (kKnown.count(key) == 0) return ConfigError("unknown key \"" + key + "\"");
   }

@@ -396,7 +396,7 @@ int main(int argc, char** argv) {
       "--inject", o.inject,
       "Fault: none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
       "loss-sum, labels-unshifted, disconnected, pad-in-loss, accum-scale, frozen-updated, "
-      "decay-on-norm, step-on-overflow, clip-before-unscale");
+      "decay-on-norm, step-on-overflow, clip-before-unscale, gelu-grad");
   train->add_option("--inject-layer", o.inject_layer, "Layer of the fault, e.g. blocks.2");
   train->add_option("--inject-step", o.inject_step, "First step of the fault")
       ->check(CLI::NonNegativeNumber);

@@ -266,20 +266,49 @@ TEST(KernelDefects, DropTailBreaksOnlyTheTail) {
     }
   }
   // Softmax: a causal row of n visible keys has a tail when n % 16 != 0; with the tail
-  // unnormalised the row no longer sums to 1, except rows with no tail (n = 16, 32) and n = 1,
-  // whose lone exponential is exp(0) = 1 anyway.
+  // unnormalised the row no longer sums to 1, except rows with no tail (n = 16, 32) and rows
+  // shorter than one tile (n < 16), which the scalar loop alone handles, rightly.
   const at::Tensor p = FusedCausalSoftmax(Randn({2, 33, 33}, 73, at::kFloat), 1.0, tail);
   EXPECT_TRUE(at::isfinite(p).all().item<bool>());
   const at::Tensor row_sums = p.sum(-1);
   for (int64_t row = 0; row < 33; ++row) {
     const int64_t n = row + 1;
     const double err = (row_sums.select(-1, row) - 1).abs().max().item<double>();
-    if (n % kKernelTile == 0 || n == 1) {
+    if (n % kKernelTile == 0 || n < kKernelTile) {
       EXPECT_LT(err, 1e-6) << "row " << row;
     } else {
       EXPECT_GT(err, 1e-2) << "row " << row;
     }
   }
+}
+
+TEST(KernelDefects, DropTailLeavesRowsShorterThanATileAlone) {
+  KernelDefects tail;
+  tail.drop_tail = true;
+  for (const int64_t w : {1, 5, 15}) {
+    const at::Tensor x = Randn({4, w}, 74, at::kFloat);
+    EXPECT_TRUE(at::equal(FusedGelu(x, tail), FusedGelu(x))) << w;
+    EXPECT_TRUE(at::equal(FusedLayerNorm(x, at::ones({w}), at::zeros({w}), 1e-5, tail),
+                          FusedLayerNorm(x, at::ones({w}), at::zeros({w}), 1e-5)))
+        << w;
+    const at::Tensor s = Randn({2, w, w}, 75, at::kFloat);
+    EXPECT_TRUE(at::equal(FusedCausalSoftmax(s, 1.0, tail), FusedCausalSoftmax(s, 1.0))) << w;
+  }
+}
+
+TEST(KernelDefects, WrongGradLeavesTheForwardAndBreaksTheBackward) {
+  KernelDefects wrong;
+  wrong.wrong_grad = true;
+  const at::Tensor x = Leaf(Randn({6, 40}, 76, at::kFloat) * 2);
+  EXPECT_TRUE(at::equal(FusedGelu(x, wrong), FusedGelu(x)));
+  const at::Tensor upstream = Randn({6, 40}, 77, at::kFloat);
+  const at::Tensor good = torch::autograd::grad({FusedGelu(x)}, {x}, {upstream})[0];
+  const at::Tensor bad = torch::autograd::grad({FusedGelu(x, wrong)}, {x}, {upstream})[0];
+  const at::Tensor xd = Leaf(x.to(at::kDouble));
+  const at::Tensor ref =
+      torch::autograd::grad({ReferenceGelu(xd)}, {xd}, {upstream.to(at::kDouble)})[0];
+  EXPECT_LT(ScaledError(good, ref), 1e-5);
+  EXPECT_GT(ScaledError(bad, ref), 1e-2);
 }
 
 TEST(KernelDefects, SkipMaxOverflowsOnlyOnLargeLogits) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -512,6 +513,71 @@ void ExpectFiniteDivergenceAt(const FaultSpec& fault, double min_error) {
 TEST(Faults, TailBlockIsFiniteButWrongAtTheNamedBlock) {
   ExpectFiniteDivergenceAt({FaultKind::kTailBlock, "blocks.1", 2}, 1e-2);
   ExpectFiniteDivergenceAt({FaultKind::kTailBlock, "blocks.3", 0}, 1e-2);
+}
+
+// Each kernel fault lives behind one switch: with that switch off the layer agrees with the
+// reference again, with the others off it does not. The switches travel in the spec.
+TEST(Faults, EachKernelFaultIsGoneWithItsSwitchOff) {
+  const std::vector<std::pair<FaultSpec, std::string>> cases = {
+      {{FaultKind::kEps, "blocks.1", 0}, "fused_layer_norm"},
+      {{FaultKind::kTailBlock, "blocks.1", 0}, "fused_softmax"},
+      {{FaultKind::kNan, "blocks.1", 0}, "fused_gelu"},
+  };
+  const std::vector<std::string> all = {"fused_layer_norm", "fused_softmax", "fused_gelu"};
+  for (const auto& [fault, culprit] : cases) {
+    TinyGptConfig c;
+    c.fault = fault;
+    for (const std::string& off : all) {
+      std::unique_ptr<TinyGpt> model = MakeModel(c);
+      std::vector<std::string> on;
+      for (const std::string& name : all) {
+        if (name != off) on.push_back(name);
+      }
+      ASSERT_TRUE(model->SetEnabledFeatures(on).ok());
+      EXPECT_EQ(model->EnabledFeatures(), on);
+      const Layerwise lw = RunLayerwise(*model, TestBatch());
+      const size_t at = lw.index(fault.layer);
+      const bool agrees = AllFinite(lw.optimized[at]) &&
+                          ScaledError(lw.optimized[at], lw.reference[at]) < kForwardTol;
+      EXPECT_EQ(agrees, off == culprit) << fault.ToString() << " with " << off << " off";
+
+      StatusOr<std::unique_ptr<TinyGpt>> rebuilt = TinyGpt::FromSpec(model->Spec());
+      ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+      EXPECT_EQ((*rebuilt)->EnabledFeatures(), on);
+    }
+  }
+  // All on is the default, and then the spec says nothing about switches (earlier capsules'
+  // specs are unchanged).
+  std::unique_ptr<TinyGpt> model = MakeModel();
+  EXPECT_EQ(model->EnabledFeatures(), all);
+  EXPECT_EQ(model->Spec().config_json.find("disabled_features"), std::string::npos);
+  const Status unknown = model->SetEnabledFeatures({"fused_gelu", "fused_rope"});
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.message().find("fused_rope"), std::string::npos);
+  EXPECT_EQ(model->EnabledFeatures(), all);  // a refused set changes nothing
+  EXPECT_FALSE(TinyGpt::FromSpec({"tiny_gpt", R"({"disabled_features":"fused_rope"})"}).ok());
+}
+
+TEST(Faults, GeluGradBreaksOnlyTheNamedBlocksGradients) {
+  TinyGptConfig c;
+  c.fault = {FaultKind::kGeluGrad, "blocks.1", 0};
+  const Layerwise lw = RunWithFault(c.fault, 0);
+  for (size_t i = 0; i < lw.names.size(); ++i) {
+    EXPECT_LT(ScaledError(lw.optimized[i], lw.reference[i]), kForwardTol) << lw.names[i];
+  }
+  std::unique_ptr<TinyGpt> model = MakeModel(c);
+  const LayerBatch batch = TestBatch();
+  auto grads = [&](PathKind path) {
+    for (const at::Tensor& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    RunSequence(model->Path(path), batch).backward();
+    std::map<std::string, at::Tensor> g;
+    for (const auto& [name, p] : model->NamedParameters()) g[name] = p.grad().clone();
+    return g;
+  };
+  auto ref = grads(PathKind::kReference);
+  auto opt = grads(PathKind::kOptimized);
+  EXPECT_GT(ScaledError(opt["blocks.1.mlp.fc1.weight"], ref["blocks.1.mlp.fc1.weight"]), 1e-2);
+  EXPECT_LT(ScaledError(opt["blocks.1.mlp.fc2.weight"], ref["blocks.1.mlp.fc2.weight"]), 1e-4);
 }
 
 TEST(Faults, EpsIsFiniteButWrongAtTheNamedLayer) {
