@@ -256,6 +256,24 @@ StatusOr<MinimizeResult> MinimizeCapsule(const v1::Capsule& c, const ModelRegist
                                      " (T = " + std::to_string(length - 1) + " does not fail alike)"
                                : "the failure needs no length: it fails with a single position");
   }
+  // The thread count, restored as one more dimension: reductions split by thread can change
+  // the result, so a failure that needs the captured count is a different bug from one that
+  // does not. One replay of the minimized capsule with another count.
+  const int threads = result.capsule->numerics().intra_op_threads() > 0
+                          ? result.capsule->numerics().intra_op_threads()
+                          : result.capsule->environment().intra_op_threads();
+  if (threads > 0 && result.replays < options.max_replays) {
+    v1::Capsule other = *result.capsule;
+    const int alt = threads == 1 ? 2 : 1;
+    other.mutable_numerics()->set_intra_op_threads(alt);
+    CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport r, replay(other));
+    const bool alike = IsFailure(r) && VerdictOf(r) == result.verdict;
+    result.needs.push_back(
+        alike ? "the thread count does not matter: it fails alike with " + std::to_string(alt) +
+                    " intra-op threads as with " + std::to_string(threads)
+              : "the failure needs " + std::to_string(threads) + " intra-op threads: with " +
+                    std::to_string(alt) + " the replay gives " + VerdictOf(r));
+  }
   if (result.budget_exhausted) {
     result.needs.push_back("the replay budget (" + std::to_string(options.max_replays) +
                            ") ran out: a smaller input may still exist");

@@ -103,6 +103,12 @@ void ApplyFrozen(const v1::Capsule& c, Model& model) {
   }
 }
 
+std::string JoinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ",") + n;
+  return out.empty() ? "(none)" : out;
+}
+
 Status RestoreRng(const v1::Capsule& c) {
   std::vector<RngBlobData> blobs;
   for (const auto& g : c.rng().generators()) {
@@ -311,6 +317,97 @@ Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& ba
   }
   const bisect::SearchResult r = bisect::Search(*strategy, n, oracle);
   if (!r.ok()) return InternalError("bisect: " + r.error);
+  br.set_phase(v1::FORWARD);
+  br.set_strategy(std::string(strategy->name()));
+  br.set_layers(static_cast<int>(n));
+  br.set_probes(static_cast<int>(r.probes));
+  br.set_monotonic(r.monotonic());
+  br.set_probe_bound(static_cast<int>(std::ceil(std::log2(static_cast<double>(n)))) + 1);
+  br.set_first_bad_index(r.first_bad ? static_cast<int>(*r.first_bad) : -1);
+  if (r.first_bad) br.set_first_bad_layer(opt.name(*r.first_bad));
+  return Status::Ok();
+}
+
+// A composite run forward and backward: layers [0, k) OPTIMIZED, [k, n) REFERENCE, and the
+// gradient of the loss with respect to each of `params` (undefined where it does not reach).
+StatusOr<std::vector<at::Tensor>> CompositeGradients(Model& model, const LayerBatch& batch,
+                                                     size_t k,
+                                                     const std::vector<at::Tensor>& params) {
+  LayerSequence& ref = model.Path(PathKind::kReference);
+  LayerSequence& opt = model.Path(PathKind::kOptimized);
+  try {
+    at::AutoGradMode grad_mode(true);
+    TensorList x = {batch.ModelInput()};
+    for (size_t i = 0; i < opt.size(); ++i) {
+      LayerSequence& seq = i < k ? opt : ref;
+      TensorList in;
+      for (const at::Tensor& t : x) {
+        in.push_back(t.defined() && t.is_floating_point() ? t.to(seq.compute_dtype()) : t);
+      }
+      x = seq.Forward(i, in, batch);
+    }
+    if (!x.at(0).requires_grad()) return std::vector<at::Tensor>(params.size());
+    return torch::autograd::grad({x.at(0)}, params, {}, /*retain_graph=*/false,
+                                 /*create_graph=*/false, /*allow_unused=*/true);
+  } catch (const c10::Error& e) {
+    return FromTorch(e, "composite backward k=" + std::to_string(k));
+  }
+}
+
+// The bisect over the backward phase: the oracle compares every parameter gradient of composite
+// run k with the reference run's (atol a fraction of each reference gradient's largest
+// magnitude, as the layerwise backward does). A layer whose backward alone is wrong is bad here
+// and good in the forward bisect.
+Status RunBackwardBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& batch,
+                         const ReplayOptions& options, v1::ReplayReport& report) {
+  LayerSequence& opt = model.Path(PathKind::kOptimized);
+  const size_t n = opt.size();
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params, reference;
+  for (const ParameterGrad& p : ref_run.parameter_grads) {
+    if (!p.grad.defined()) continue;
+    for (const NamedTensor& t : model.NamedParameters()) {
+      if (t.first == p.name && t.second.requires_grad()) {
+        names.push_back(p.name);
+        params.push_back(t.second);
+        reference.push_back(p.grad);
+      }
+    }
+  }
+  if (params.empty()) return Status::Ok();  // nothing has a gradient: nothing to search
+  CompareOptions oracle_opts;
+  oracle_opts.tolerance = options.bisect_tolerance ? *options.bisect_tolerance
+                                                   : DefaultBisectTolerance(opt.compute_dtype());
+  oracle_opts.atol_scale = AtolScale::kReferenceMax;
+  v1::BisectReport& br = *report.mutable_backward_bisect();
+  auto oracle = [&](size_t k) -> bisect::OracleAnswer {
+    if (options.progress) options.progress("backward bisect probe k=" + std::to_string(k));
+    auto grads = CompositeGradients(model, batch, k, params);
+    if (!grads.ok()) return bisect::OracleAnswer::Error(grads.status().message());
+    v1::BisectProbe& probe = *br.add_probe_log();
+    probe.set_k(static_cast<int>(k));
+    bool bad = false;
+    for (size_t j = 0; j < params.size(); ++j) {
+      const at::Tensor g = (*grads)[j].defined() ? (*grads)[j] : at::zeros_like(reference[j]);
+      auto cmp = CompareTensors(g, reference[j], names[j], oracle_opts);
+      if (!cmp.ok()) return bisect::OracleAnswer::Error(cmp.status().message());
+      bad |= cmp->diverged;
+      probe.set_max_rel_err(std::max(probe.max_rel_err(), cmp->max_rel_err));
+      probe.set_max_abs_err(std::max(probe.max_abs_err(), cmp->max_abs_err));
+      probe.set_nonfinite_mismatch(probe.nonfinite_mismatch() + cmp->nonfinite_mismatch);
+    }
+    probe.set_bad(bad);
+    return bisect::OracleAnswer::FromBool(bad);
+  };
+  std::unique_ptr<bisect::Strategy> strategy;
+  if (options.bisect == BisectMode::kLinear) {
+    strategy = std::make_unique<bisect::LinearStrategy>(bisect::LinearOptions{/*scan_all=*/true});
+  } else {
+    strategy = std::make_unique<bisect::BisectStrategy>();
+  }
+  const bisect::SearchResult r = bisect::Search(*strategy, n, oracle);
+  if (!r.ok()) return InternalError("backward bisect: " + r.error);
+  br.set_phase(v1::BACKWARD);
   br.set_strategy(std::string(strategy->name()));
   br.set_layers(static_cast<int>(n));
   br.set_probes(static_cast<int>(r.probes));
@@ -447,10 +544,8 @@ bool Reproduced(const v1::ReplayReport& r) {
   return r.fidelity() == v1::REPRODUCED_EXACT || r.fidelity() == v1::REPRODUCED_APPROX;
 }
 
-}  // namespace
-
-StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegistry& registry,
-                                         const ReplayOptions& options) {
+StatusOr<v1::ReplayReport> ReplayRepeated(const v1::Capsule& c, const ModelRegistry& registry,
+                                          const ReplayOptions& options) {
   if (options.repeat <= 1) return ReplayOnce(c, registry, options);
   CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport first, ReplayOnce(c, registry, options));
   const std::string first_bytes = first.SerializeAsString();
@@ -489,6 +584,118 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
   return first;
 }
 
+// The features bisect (ReplayOptions::bisect_features). Invariant of the search: the switches in
+// `required` plus all of `candidates` make the target diverge. Each round finds the shortest
+// prefix of `candidates` that still does with `required` (the switch ending it is needed), then
+// checks whether `required` alone now suffices.
+StatusOr<v1::FeatureBisectReport> BisectFeatures(const v1::Capsule& c,
+                                                 const ModelRegistry& registry,
+                                                 const ReplayOptions& options,
+                                                 const v1::ReplayReport& base) {
+  v1::FeatureBisectReport fb;
+  std::vector<std::string> on = options.features.value_or(std::vector<std::string>{});
+  if (!options.features) {
+    CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                             registry.Create({c.model().registry_name(), c.model().config_json()}));
+    on = model->EnabledFeatures();
+  }
+  for (const std::string& name : on) fb.add_switches(name);
+  const size_t s = on.size();
+  fb.set_replay_bound(s == 0 ? 0 : static_cast<int>(std::ceil(std::log2(double(s)))) + 1);
+  if (s == 0) {
+    fb.set_outcome(v1::FeatureBisectReport::NO_SWITCHES);
+    return fb;
+  }
+  if (!base.has_first_divergent_layer()) {
+    fb.set_outcome(v1::FeatureBisectReport::NO_TARGET);
+    return fb;
+  }
+  fb.set_target_layer(base.first_divergent_layer());
+  fb.set_target_phase(base.first_divergent_phase());
+
+  ReplayOptions probe_options = options;
+  probe_options.bisect = BisectMode::kNone;
+  probe_options.bisect_features = false;
+  probe_options.repeat = 1;
+  std::map<std::set<std::string>, bool> answers;
+  answers[std::set<std::string>(on.begin(), on.end())] = true;  // the replay given
+  // Switches in the model's order, so that probes read alike.
+  auto ordered = [&](const std::set<std::string>& set) {
+    std::vector<std::string> out;
+    for (const std::string& name : on) {
+      if (set.count(name) != 0) out.push_back(name);
+    }
+    return out;
+  };
+  auto diverges = [&](const std::set<std::string>& set) -> StatusOr<bool> {
+    if (const auto it = answers.find(set); it != answers.end()) return it->second;
+    probe_options.features = ordered(set);
+    if (options.progress) {
+      options.progress("features probe: " + JoinNames(*probe_options.features));
+    }
+    CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport r, ReplayOnce(c, registry, probe_options));
+    v1::FeatureProbe& probe = *fb.add_probes();
+    for (const std::string& name : *probe_options.features) probe.add_enabled(name);
+    for (const v1::LayerComparison& l : r.layers()) {
+      if (l.name() != fb.target_layer() || l.phase() != fb.target_phase()) continue;
+      probe.set_bad(probe.bad() || l.verdict() == v1::DIVERGED);
+      probe.set_max_rel_err(std::max(probe.max_rel_err(), l.max_rel_err()));
+    }
+    fb.set_replays(fb.replays() + 1);
+    answers[set] = probe.bad();
+    return probe.bad();
+  };
+
+  std::set<std::string> required;
+  std::vector<std::string> candidates = on;
+  while (true) {
+    auto with_prefix = [&](size_t k) {
+      std::set<std::string> set = required;
+      set.insert(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(k));
+      return set;
+    };
+    // Prefix `bad` diverges; prefix `good` does not, or (good == 0) is not known to.
+    size_t good = 0, bad = candidates.size();
+    while (bad - good > 1) {
+      const size_t mid = good + (bad - good) / 2;
+      CAPSULE_ASSIGN_OR_RETURN(bool b, diverges(with_prefix(mid)));
+      (b ? bad : good) = mid;
+    }
+    std::set<std::string> needed = required;
+    needed.insert(candidates[bad - 1]);
+    if (good == 0) {
+      // `required` alone (every switch off in the first round) was never shown not to diverge.
+      CAPSULE_ASSIGN_OR_RETURN(bool without, diverges(required));
+      if (without && required.empty()) {
+        fb.set_outcome(v1::FeatureBisectReport::NOT_IN_SWITCHES);
+        return fb;
+      }
+      if (!without) required = needed;
+      break;
+    }
+    // The prefix without candidates[bad - 1] probed good: that switch is needed. Is it enough?
+    CAPSULE_ASSIGN_OR_RETURN(bool enough, diverges(needed));
+    required = needed;
+    if (enough) break;
+    candidates.resize(bad - 1);
+  }
+  fb.set_outcome(v1::FeatureBisectReport::FOUND);
+  for (const std::string& name : ordered(required)) fb.add_culprits(name);
+  return fb;
+}
+
+}  // namespace
+
+StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegistry& registry,
+                                         const ReplayOptions& options) {
+  CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport report, ReplayRepeated(c, registry, options));
+  if (options.bisect_features) {
+    CAPSULE_ASSIGN_OR_RETURN(*report.mutable_features(),
+                             BisectFeatures(c, registry, options, report));
+  }
+  return report;
+}
+
 namespace {
 
 StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry& registry,
@@ -506,6 +713,15 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
   if (options.progress) options.progress("rebuilding " + c.model().registry_name());
   CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                            registry.Create({c.model().registry_name(), c.model().config_json()}));
+  // Switches other than the trainer's make another computation: the captured value is then no
+  // measure of reproduction, only the comparisons are.
+  bool switches_changed = false;
+  if (options.features) {
+    const std::vector<std::string> before = model->EnabledFeatures();
+    CAPSULE_RETURN_IF_ERROR(model->SetEnabledFeatures(*options.features));
+    switches_changed = std::set<std::string>(before.begin(), before.end()) !=
+                       std::set<std::string>(options.features->begin(), options.features->end());
+  }
   CAPSULE_RETURN_IF_ERROR(LoadWeights(c, options, *model, report));
   ApplyFrozen(c, *model);
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatch(c));
@@ -525,6 +741,12 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
   {
     CAPSULE_ASSIGN_OR_RETURN(ProbeResult run, ProbeStep(model->Path(trainer_path), batch, {}));
     internal::JudgeFidelity(c, run, report);
+    if (switches_changed) {
+      report.set_fidelity(v1::NOT_CHECKED);
+      report.set_fidelity_detail(
+          "optimization switches changed for this replay (" + JoinNames(*options.features) +
+          " on): the captured value is another computation's; " + report.fidelity_detail());
+    }
     report.set_optimized_loss(run.loss_value);
   }
 
@@ -571,6 +793,9 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
   // 5. Bisect.
   if (options.bisect != BisectMode::kNone) {
     CAPSULE_RETURN_IF_ERROR(RunBisect(*model, ref_eval, eval, options, report));
+    if (options.backward) {
+      CAPSULE_RETURN_IF_ERROR(RunBackwardBisect(*model, ref_eval, eval, options, report));
+    }
   }
 
   // 6. Diagnosis.

@@ -12,7 +12,9 @@
 //      gradients for the reference upstream gradient. Errors do not propagate between layers, so
 //      the first layer that diverges is the culprit;
 //   4. bisect: composite runs, layers [0, k) OPTIMIZED and [k, n) REFERENCE, against the reference
-//      run; the smallest bad k names the first bad layer in at most ceil(log2 n) + 1 runs;
+//      run; the smallest bad k names the first bad layer in at most ceil(log2 n) + 1 runs. With
+//      phase backward, a second search runs the composites forward and backward and compares
+//      their parameter gradients (ReplayReport.backward_bisect);
 //   5. diagnosis: TRANSIENT (not reproduced), DATA_OR_MODEL (reference shows it too), NUMERICS
 //      (optimized path diverges at layer L) or NO_DIVERGENCE.
 // The result is data (capsule.v1.ReplayReport), facts and no sentences; rendering it is the
@@ -32,6 +34,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
@@ -68,6 +71,13 @@ struct ReplayOptions {
   // ReplayReport.repeat whether the runs were bitwise identical and the spread of each metric
   // that was not: evidence for or against TRANSIENT that one run cannot give. 1: once.
   int repeat = 1;
+  // Turn on exactly these optimization switches of the model (Model::SetEnabledFeatures) before
+  // replaying; nullopt: as the capsule's model spec has them.
+  std::optional<std::vector<std::string>> features;
+  // After the replay, find the smallest set of the model's switches whose enabling makes the first
+  // divergent layer diverge (ReplayReport.features): a prefix search over the switches in the
+  // model's order, ceil(log2 S) + 1 replays for one culprit among S switches.
+  bool bisect_features = false;
 };
 
 // The oracle's default tolerance for a candidate dtype (docs/TOLERANCES.md has the measurements).

@@ -44,13 +44,25 @@ std::string Numerics(const v1::ReplayReport& r) {
            // A replay report written before worst_ratio existed.
            : "max rel err " + FormatSignificant(first->max_rel_err(), 3)) +
       ")";
-  if (r.has_bisect() && !b.strategy().empty()) {
-    text +=
-        b.first_bad_layer() == layer
-            ? "; " + b.strategy() + " confirms it in " + std::to_string(b.probes()) + " runs"
-            : "; " + b.strategy() + " points at " +
-                  (b.first_bad_layer().empty() ? std::string("no layer") : b.first_bad_layer()) +
-                  " instead (errors may cancel downstream)";
+  // A divergence in the backward phase is confirmed by the backward bisect, when it ran.
+  const bool backward = first->phase() == v1::BACKWARD && r.has_backward_bisect();
+  const v1::BisectReport& confirm = backward ? r.backward_bisect() : b;
+  if ((backward || r.has_bisect()) && !confirm.strategy().empty()) {
+    const std::string search = (backward ? "backward " : "") + confirm.strategy();
+    text += confirm.first_bad_layer() == layer
+                ? "; " + search + " confirms it in " + std::to_string(confirm.probes()) + " runs"
+                : "; " + search + " points at " +
+                      (confirm.first_bad_layer().empty() ? std::string("no layer")
+                                                         : confirm.first_bad_layer()) +
+                      " instead (errors may cancel downstream)";
+  }
+  if (r.has_features() && r.features().outcome() == v1::FeatureBisectReport::FOUND) {
+    std::string names;
+    for (const std::string& n : r.features().culprits()) names += (names.empty() ? "" : ", ") + n;
+    text += "; it needs the optimization " + names;
+  } else if (r.has_features() &&
+             r.features().outcome() == v1::FeatureBisectReport::NOT_IN_SWITCHES) {
+    text += "; it diverges with every optimization switch off";
   }
   return text;
 }

@@ -25,6 +25,7 @@
 #include "capsule/replay/extract.h"
 #include "capsule/replay/model_registry.h"
 #include "capsule/replay/replayer.h"
+#include "capsule/replay/stress.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
@@ -218,6 +219,10 @@ TEST_F(ReplayCapsuleTest, CleanCaptureHasNoDivergentLayer) {
   EXPECT_FALSE(r->has_first_divergent_layer());
   EXPECT_EQ(r->first_divergent_source(), v1::DIVERGENCE_SOURCE_UNSPECIFIED);
   EXPECT_EQ(r->bisect().first_bad_layer(), "");
+  // The backward bisect compares gradients: a clean model's composites agree too.
+  EXPECT_EQ(r->backward_bisect().phase(), v1::BACKWARD);
+  EXPECT_EQ(r->backward_bisect().first_bad_layer(), "");
+  EXPECT_GT(r->backward_bisect().probes(), 0);
   int forward = 0, backward = 0;
   for (const auto& l : r->layers()) {
     EXPECT_EQ(l.verdict(), v1::OK)
@@ -484,6 +489,149 @@ TEST_F(ReplayCapsuleTest, RepeatedReplaysOfANondeterministicKernelReportTheSprea
   for (const v1::MetricSpread& m : r->repeat().spreads()) {
     EXPECT_EQ(m.metric().find(" embed "), std::string::npos) << m.metric();
   }
+}
+
+// A fault in a kernel's hand-written backward: the forward bisect finds nothing, the backward
+// bisect (composites run forward and backward, parameter gradients compared) names the layer.
+TEST_F(ReplayCapsuleTest, BackwardBisectNamesALayerWhoseBackwardAloneIsWrong) {
+  const v1::Capsule c = RecordOne({FaultKind::kGeluGrad, "blocks.1", 0}, 3, /*capture_at=*/2);
+  auto r = Replay(c, BisectMode::kBisect, /*backward=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->diagnosis(), v1::NUMERICS);
+  EXPECT_EQ(r->first_divergent_layer(), "blocks.1");
+  EXPECT_EQ(r->first_divergent_phase(), v1::BACKWARD);
+  EXPECT_EQ(r->bisect().first_bad_layer(), "");  // the forward is right
+  EXPECT_EQ(r->backward_bisect().first_bad_layer(), "blocks.1");
+  EXPECT_LE(r->backward_bisect().probes(), r->backward_bisect().probe_bound());
+  for (const auto& l : r->layers()) {
+    if (l.phase() == v1::FORWARD) {
+      EXPECT_EQ(l.verdict(), v1::OK) << l.name();
+    }
+  }
+}
+
+struct SwitchCase {
+  FaultSpec fault;
+  int capture_at;  // -1: the fault triggers the capture itself
+  bool backward;
+  const char* layer;
+  const char* culprit;
+};
+
+// The features bisect turns tiny_gpt's three kernel switches on and off and names the one each
+// fault lives in, within ceil(log2 3) + 1 = 3 replays.
+TEST_F(ReplayCapsuleTest, FeaturesBisectNamesTheSwitchEachFaultIsTiedTo) {
+  const std::vector<SwitchCase> cases = {
+      {{FaultKind::kNan, "blocks.1", 2}, -1, false, "blocks.1", "fused_gelu"},
+      {{FaultKind::kSoftmaxOverflow, "blocks.0", 2}, -1, false, "blocks.0", "fused_softmax"},
+      {{FaultKind::kTailBlock, "blocks.1", 0}, 2, false, "blocks.1", "fused_softmax"},
+      {{FaultKind::kEps, "blocks.0", 0}, 2, false, "blocks.0", "fused_layer_norm"},
+      {{FaultKind::kGeluGrad, "blocks.0", 0}, 2, true, "blocks.0", "fused_gelu"},
+  };
+  for (const SwitchCase& k : cases) {
+    SCOPED_TRACE(k.fault.ToString());
+    const v1::Capsule c = RecordOne(k.fault, 3, k.capture_at);
+    ReplayOptions options;
+    options.backward = k.backward;
+    options.bisect_features = true;
+    auto r = ReplayCapsule(c, registry_, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const v1::FeatureBisectReport& f = r->features();
+    EXPECT_EQ(f.switches_size(), 3);
+    EXPECT_EQ(f.target_layer(), k.layer);
+    EXPECT_EQ(f.outcome(), v1::FeatureBisectReport::FOUND);
+    ASSERT_EQ(f.culprits_size(), 1);
+    EXPECT_EQ(f.culprits(0), k.culprit);
+    EXPECT_EQ(f.replay_bound(), 3);
+    EXPECT_LE(f.replays(), f.replay_bound());
+    EXPECT_EQ(f.probes_size(), f.replays());
+    // Every probe with the culprit on diverged, every one without it agreed.
+    for (const v1::FeatureProbe& p : f.probes()) {
+      const bool on = std::find(p.enabled().begin(), p.enabled().end(), std::string(k.culprit)) !=
+                      p.enabled().end();
+      EXPECT_EQ(p.bad(), on);
+    }
+  }
+}
+
+TEST_F(ReplayCapsuleTest, FeaturesBisectSaysWhenNoSwitchIsToBlame) {
+  // A NaN written by the embedding, which has no kernel switch.
+  const v1::Capsule c = RecordOne({FaultKind::kNan, "embed", 2}, 3);
+  ReplayOptions options;
+  options.bisect_features = true;
+  auto r = ReplayCapsule(c, registry_, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->features().outcome(), v1::FeatureBisectReport::NOT_IN_SWITCHES);
+  EXPECT_EQ(r->features().culprits_size(), 0);
+  EXPECT_LE(r->features().replays(), r->features().replay_bound());
+
+  const v1::Capsule clean = RecordOne({}, 3, /*capture_at=*/2);
+  auto rc = ReplayCapsule(clean, registry_, options);
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(rc->features().outcome(), v1::FeatureBisectReport::NO_TARGET);
+  EXPECT_EQ(rc->features().replays(), 0);
+
+  // A switch set the model does not have is refused by name.
+  options.bisect_features = false;
+  options.features = std::vector<std::string>{"fused_rope"};
+  auto bad = ReplayCapsule(clean, registry_, options);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("fused_rope"), std::string::npos);
+}
+
+std::vector<std::string> Diverged(const v1::StressReport& r, bool diverged) {
+  std::vector<std::string> names;
+  for (const v1::StressCase& c : r.results()) {
+    if (c.diverged() == diverged &&
+        std::find(names.begin(), names.end(), c.name()) == names.end()) {
+      names.push_back(c.name());
+    }
+  }
+  return names;
+}
+
+bool Has(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// stress on a tail-block layer: the lengths with causal softmax rows of more than one tile and a
+// tail diverge (T >= 17), the ones within a tile or on it do not; the clean layer before it
+// diverges on nothing in the whole matrix.
+TEST_F(ReplayCapsuleTest, StressFindsTheTailLengthsAndNothingOnACleanLayer) {
+  const v1::Capsule c = RecordOne({FaultKind::kTailBlock, "blocks.1", 0}, 3, /*capture_at=*/2);
+  StressOptions options;
+  options.layer = "blocks.1";
+  auto bad = StressLayer(c, registry_, options);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_TRUE(bad->declared());
+  EXPECT_EQ(bad->tile(), 16);
+  const std::vector<std::string> diverged = Diverged(*bad, true);
+  const std::vector<std::string> agreed = Diverged(*bad, false);
+  for (const char* t : {"T=17", "T=31"}) EXPECT_TRUE(Has(diverged, t)) << t;
+  for (const char* t : {"T=1", "T=2", "T=15", "T=16"}) {
+    EXPECT_TRUE(Has(agreed, t)) << t;
+    EXPECT_FALSE(Has(diverged, t)) << t;
+  }
+
+  options.layer = "blocks.0";
+  auto clean = StressLayer(c, registry_, options);
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  EXPECT_EQ(clean->diverged(), 0);
+  for (const v1::StressCase& k : clean->results()) {
+    EXPECT_FALSE(k.diverged()) << k.name() << " " << v1::Phase_Name(k.phase()) << " " << k.tensor()
+                               << " rel " << k.max_rel_err() << " " << k.error();
+  }
+  EXPECT_GT(clean->cases(), 15);
+  bool backward = false;
+  for (const v1::StressCase& k : clean->results()) backward |= k.phase() == v1::BACKWARD;
+  EXPECT_TRUE(backward);
+
+  options.layer = "blocks.9";
+  auto missing = StressLayer(c, registry_, options);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("blocks.0"), std::string::npos);
 }
 
 }  // namespace

@@ -90,6 +90,29 @@ TEST(DiagnosisSentenceTest, NumericsSaysWhetherBisectAgrees) {
   EXPECT_NE(DiagnosisSentence(r).find("; bisect points at no layer instead"), std::string::npos);
 }
 
+// A backward divergence is confirmed by the backward bisect, not by the forward one (which finds
+// nothing when only the backward is wrong); the features bisect's culprit is named.
+TEST(DiagnosisSentenceTest, NumericsInTheBackwardAndTheSwitchItNeeds) {
+  v1::ReplayReport r = Numerics("blocks.2", v1::BACKWARD);
+  AddLayer(r, 3, "blocks.2", v1::BACKWARD, v1::DIVERGED)->set_worst_ratio(80);
+  r.mutable_bisect()->set_strategy("bisect");
+  r.mutable_bisect()->set_probes(3);
+  r.mutable_backward_bisect()->set_strategy("bisect");
+  r.mutable_backward_bisect()->set_phase(v1::BACKWARD);
+  r.mutable_backward_bisect()->set_first_bad_layer("blocks.2");
+  r.mutable_backward_bisect()->set_probes(4);
+  r.mutable_features()->set_outcome(v1::FeatureBisectReport::FOUND);
+  r.mutable_features()->add_culprits("fused_gelu");
+  EXPECT_EQ(DiagnosisSentence(r),
+            "numerics in the optimized path: first divergent layer blocks.2 (backward, error 80x "
+            "what its tolerance allows); backward bisect confirms it in 4 runs; it needs the "
+            "optimization fused_gelu");
+  r.mutable_features()->set_outcome(v1::FeatureBisectReport::NOT_IN_SWITCHES);
+  r.mutable_features()->clear_culprits();
+  EXPECT_NE(DiagnosisSentence(r).find("; it diverges with every optimization switch off"),
+            std::string::npos);
+}
+
 TEST(DiagnosisSentenceTest, NumericsFoundByBisectAlone) {
   v1::ReplayReport r = Numerics("blocks.0", v1::FORWARD);
   r.set_first_divergent_source(v1::BISECT);
