@@ -40,6 +40,7 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   SetupExtractCommand(app, &run, registry);
   SetupGateCommand(app, &run, registry);
   SetupMinimizeCommand(app, &run, registry);
+  SetupStressCommand(app, &run, registry);
 #else
   (void)registry;
 #endif
@@ -49,6 +50,7 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   app.add_subcommand("extract", kExtractDescription);
   app.add_subcommand("gate", kGateDescription);
   app.add_subcommand("minimize", kMinimizeDescription);
+  app.add_subcommand("stress", kStressDescription);
 #endif
   // A repeatable option's default is "no value", not "[]".
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {

@@ -104,6 +104,9 @@ inline constexpr const char kGateDescription[] =
 inline constexpr const char kMinimizeDescription[] =
     "Shrink a capsule's batch to the smallest input that still fails the same way, and say what "
     "the failure needs";
+inline constexpr const char kStressDescription[] =
+    "Run one layer's reference and optimized paths over generated inputs (tile boundaries, "
+    "extreme magnitudes, strided layouts), forward and backward: which inputs diverge?";
 inline constexpr const char kExtractDescription[] =
     "Write a minimal capsule holding one layer, its weights and its recorded inputs; "
     "`capsule replay` of it runs only that layer (the model's plugin still builds it)";
@@ -123,9 +126,22 @@ struct ReplayCliOptions {
   std::vector<std::string> layer_tol;
   bool json = false;
   int repeat = 1;
+  std::vector<std::string> features;  // --features: exactly these switches on ("none": all off)
 };
 void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
 int RunReplayCommand(const ReplayCliOptions& options, ModelRegistry& registry);
+
+struct StressCliOptions {
+  std::string file;
+  std::string layer;
+  std::string phase = "both";
+  std::vector<std::string> plugins;
+  TrustOptions trust;
+  bool force = false;
+  bool json = false;
+};
+void SetupStressCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
+int RunStressCommand(const StressCliOptions& options, ModelRegistry& registry);
 
 struct GateCliOptions {
   std::string dir;

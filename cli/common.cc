@@ -116,6 +116,10 @@ void PrintWriteError(const Status& status, const std::string& out) {
 
 }  // namespace
 
+std::string Pad(const std::string& s, size_t width) {
+  return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
+}
+
 bool WriteOutputFile(const std::string& in, const std::string& out, std::string_view bytes,
                      bool force) {
   if (SameFile(in, out)) {

@@ -80,6 +80,9 @@ std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string
 bool WriteOutputFile(const std::string& in, const std::string& out, std::string_view bytes,
                      bool force);
 
+// `s` followed by spaces up to `width` characters (one space at least): a column of a table.
+std::string Pad(const std::string& s, size_t width);
+
 }  // namespace capsule::cli
 
 #endif  // CAPSULE_CLI_COMMON_H_

@@ -18,14 +18,6 @@
 #include "capsule/replay/replayer.h"
 
 namespace capsule::cli {
-namespace {
-
-std::string Pad(const std::string& s, size_t width) {
-  return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
-}
-
-}  // namespace
-
 void SetupGateCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   auto options = std::make_shared<GateCliOptions>();
   CLI::App* cmd = app.add_subcommand("gate", kGateDescription);

@@ -19,10 +19,6 @@
 namespace capsule::cli {
 namespace {
 
-std::string Pad(const std::string& s, size_t width) {
-  return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
-}
-
 void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
   out << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text() << "\n";
   out << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail() << ")\n";
@@ -65,18 +61,56 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
         << Pad(FormatSignificant(l.worst_ratio(), 3), 13)
         << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict << "\n";
   }
-  if (r.has_bisect()) {
-    const auto& b = r.bisect();
-    out << "\nbisect (" << b.strategy() << "): first bad layer "
-        << (b.first_bad_layer().empty() ? "none" : b.first_bad_layer()) << " after " << b.probes()
-        << " composite runs of " << b.layers() << " layers (bound " << b.probe_bound() << ")";
-    if (b.strategy() == "linear") out << (b.monotonic() ? "; monotonic" : "; NOT monotonic");
-    out << "\n  (k=K: layers 0..K-1 on the optimized path, the rest on the reference)\n";
-    for (const auto& p : b.probe_log()) {
-      // k: layers [0, k) ran on the optimized path, the rest on the reference.
+  for (const v1::BisectReport* b : {r.has_bisect() ? &r.bisect() : nullptr,
+                                    r.has_backward_bisect() ? &r.backward_bisect() : nullptr}) {
+    if (b == nullptr) continue;
+    const bool backward = b->phase() == v1::BACKWARD;
+    out << "\n"
+        << (backward ? "backward bisect (" : "bisect (") << b->strategy() << "): first bad layer "
+        << (b->first_bad_layer().empty() ? "none" : b->first_bad_layer()) << " after "
+        << b->probes() << " composite runs of " << b->layers() << " layers (bound "
+        << b->probe_bound() << ")";
+    if (b->strategy() == "linear") out << (b->monotonic() ? "; monotonic" : "; NOT monotonic");
+    out << (backward ? "\n  (k=K: layers 0..K-1 forward and backward on the optimized path, "
+                       "the rest on the reference; parameter gradients compared)\n"
+                     : "\n  (k=K: layers 0..K-1 on the optimized path, the rest on the "
+                       "reference)\n");
+    for (const auto& p : b->probe_log()) {
       out << "  k=" << Pad(std::to_string(p.k()), 4) << Pad(p.bad() ? "bad" : "good", 6)
           << "max rel err " << Pad(FormatSignificant(p.max_rel_err(), 3), 10) << "non-finite "
           << p.nonfinite_mismatch() << "\n";
+    }
+  }
+  if (r.has_features()) {
+    const v1::FeatureBisectReport& f = r.features();
+    auto join = [](const auto& names) {
+      std::string s;
+      for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+      return s.empty() ? std::string("none") : s;
+    };
+    out << "\nfeatures bisect over " << f.switches_size() << " switches (" << join(f.switches())
+        << "): ";
+    switch (f.outcome()) {
+      case v1::FeatureBisectReport::FOUND:
+        out << f.target_layer() << " ("
+            << (f.target_phase() == v1::BACKWARD ? "backward" : "forward") << ") diverges with "
+            << join(f.culprits()) << " on";
+        break;
+      case v1::FeatureBisectReport::NOT_IN_SWITCHES:
+        out << f.target_layer() << " diverges with every switch off: not in a switchable "
+            << "optimization";
+        break;
+      case v1::FeatureBisectReport::NO_TARGET:
+        out << "no divergent layer to hold";
+        break;
+      default:
+        out << "the model exposes no optimization switches";
+        break;
+    }
+    out << "; " << f.replays() << " replays (bound " << f.replay_bound() << ")\n";
+    for (const auto& p : f.probes()) {
+      out << "  on: " << Pad(join(p.enabled()), 40) << Pad(p.bad() ? "diverges" : "agrees", 10)
+          << "max rel err " << FormatSignificant(p.max_rel_err(), 3) << "\n";
     }
   }
   if (r.has_repeat()) {
@@ -130,10 +164,15 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("--phase", options->phase, "Layerwise phases to compare")
       ->check(CLI::IsMember({"forward", "backward", "both"}));
   cmd->add_option("--bisect", options->bisect,
-                  "Find the first bad layer by composite runs: bisect (default) or linear")
+                  "Find the first bad layer by composite runs: bisect (default) or linear; or "
+                  "the optimization switches the divergence needs: features")
       ->expected(0, 1)
       ->default_str("bisect")
-      ->check(CLI::IsMember({"bisect", "linear"}));
+      ->check(CLI::IsMember({"bisect", "linear", "features"}));
+  cmd->add_option("--features", options->features,
+                  "Turn on exactly these optimization switches of the model (comma-separated; "
+                  "'none': all off)")
+      ->delimiter(',');
   cmd->add_option("--atol", options->atol, "Absolute tolerance for every layer")
       ->check(NonNegativeNumber());
   cmd->add_option("--rtol", options->rtol, "Relative tolerance for every layer")
@@ -157,8 +196,16 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   options.repeat = o.repeat;
   options.forward = o.phase != "backward";
   options.backward = o.phase != "forward";
-  if (o.bisect_given) {
+  if (o.bisect_given && o.bisect == "features") {
+    options.bisect_features = true;
+  } else if (o.bisect_given) {
     options.bisect = o.bisect == "linear" ? BisectMode::kLinear : BisectMode::kBisect;
+  }
+  if (!o.features.empty()) {
+    options.features.emplace();
+    for (const std::string& f : o.features) {
+      if (f != "none") options.features->push_back(f);
+    }
   }
   if (o.atol || o.rtol) {
     options.compare.tolerance = Tolerance{o.atol.value_or(0), o.rtol.value_or(0)};
@@ -202,6 +249,11 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   if (o.bisect_given) cmd += " --bisect=" + o.bisect;
   if (o.phase != "forward") cmd += " --phase " + o.phase;
   if (o.repeat > 1) cmd += " --repeat " + std::to_string(o.repeat);
+  if (!o.features.empty()) {
+    std::string list;
+    for (const std::string& f : o.features) list += (list.empty() ? "" : ",") + f;
+    cmd += " --features " + list;
+  }
   report->set_replay_command(cmd);
   // NUMERICS names a layer: the next step is that layer alone, small enough to attach and fast to
   // re-run under a debugger. Extracts need every weight; without them, say how to get them.

@@ -26,7 +26,8 @@ std::string SelfPath() {
 }  // namespace
 
 bool NeedsTorch(std::string_view command) {
-  return command == "replay" || command == "extract" || command == "gate" || command == "minimize";
+  return command == "replay" || command == "extract" || command == "gate" ||
+         command == "minimize" || command == "stress";
 }
 
 std::string FindTorchCli(const std::string& self) {

@@ -82,6 +82,56 @@ for cfg in "4 blocks.1" "8 blocks.6"; do
   check_fault eps "$1" "$2" --steps 5 --inject-step 2 --capture-at-step 3
 done
 
+# --bisect=features: each fault is tied to one of tiny_gpt's three kernel switches, and the
+# search names it within ceil(log2 3) + 1 = 3 replays.
+for cfg in "nan fused_gelu" "softmax-overflow fused_softmax" "tail-block fused_softmax" \
+  "eps fused_layer_norm"; do
+  set -- $cfg
+  src=$(ls "$work/$1-L4"/*.capsule | head -n 1)
+  replay_json "$1-features" "$src" --bisect=features
+  [ "$(field "$1-features" 'd["features"]["outcome"]')" = FOUND ] &&
+    [ "$(field "$1-features" '",".join(d["features"]["culprits"])')" = "$2" ] &&
+    [ "$(field "$1-features" 'd["features"]["replays"] <= d["features"]["replay_bound"] == 3')" = true ] ||
+    bad "features-$1" "$(field "$1-features" 'd.get("features")') $(cat "$work/$1-features.err")"
+  echo "ok: --bisect=features names $2 for $1 in $(field "$1-features" 'd["features"]["replays"]') replays"
+done
+# The switches the search named, off by hand: the layer agrees again.
+replay_json eps-nofused "$(ls "$work"/eps-L4/*.capsule | head -n 1)" --features fused_softmax,fused_gelu
+[ $? -eq 0 ] && [ "$(field eps-nofused 'd["diagnosis"]')" = NO_DIVERGENCE ] ||
+  bad eps-nofused "with fused_layer_norm off: $(field eps-nofused 'd["diagnosis"]') $(cat "$work/eps-nofused.err")"
+
+# A fault in a hand-written backward: the forward bisect finds nothing, the backward one names it.
+cap=$(record gelu-grad --layers 4 --inject gelu-grad --inject-layer blocks.2 --steps 3 --capture-at-step 2)
+replay_json gelu-grad "$cap" --phase both --bisect
+[ $? -eq 1 ] && [ "$(field gelu-grad 'd["first_divergent_layer"], d["first_divergent_phase"]')" = "('blocks.2', 'BACKWARD')" ] &&
+  [ "$(field gelu-grad 'd["bisect"].get("first_bad_layer", ""), d["backward_bisect"].get("first_bad_layer", "")')" = "('', 'blocks.2')" ] ||
+  bad gelu-grad "$(field gelu-grad '(d.get("first_divergent_layer"), d["bisect"], d.get("backward_bisect"))') $(cat "$work/gelu-grad.err")"
+echo "ok: gelu-grad: the backward bisect names blocks.2, the forward bisect nothing"
+
+# stress: on the tail-block layer the lengths past one tile with a tail diverge and T <= 16 does
+# not; the clean layer before it diverges on nothing, exit 0.
+src=$(ls "$work"/tail-block-L4/*.capsule | head -n 1)
+stress() {  # stress NAME LAYER EXTRA_ARGS...
+  local name=$1 layer=$2
+  shift 2
+  (cd "$work/elsewhere" && "$capsule" stress "$src" --layer "$layer" --plugin "$plugin" \
+    --pubkey "$work/k.pub" "$@" > "$work/$name.json" 2> "$work/$name.err")
+}
+stress stress-tail blocks.1 --json
+rc=$?
+[ $rc -eq 1 ] &&
+  [ "$(field stress-tail 'sorted({c["name"] for c in d["results"] if c["family"] == "shape" and c["name"].startswith("T=") and c["diverged"]}, key=lambda n: int(n[2:]))')" = "['T=17', 'T=31', 'T=32']" ] ||
+  bad stress-tail "exit $rc: $(head -c 600 "$work/stress-tail.json") $(cat "$work/stress-tail.err")"
+stress stress-clean blocks.0 --json
+rc=$?
+[ $rc -eq 0 ] && [ "$(field stress-clean 'd["diverged"]')" = 0 ] &&
+  [ "$(field stress-clean 'd["cases"] >= 15')" = true ] ||
+  bad stress-clean "exit $rc: $(field stress-clean '[c["name"] for c in d["results"] if c["diverged"]]') $(cat "$work/stress-clean.err")"
+stress stress-text blocks.1
+grep -q "^T=16 .* ok$" "$work/stress-text.json" && grep -q "^T=17 .* DIVERGED$" "$work/stress-text.json" ||
+  bad stress-text "$(cat "$work/stress-text.json" "$work/stress-text.err")"
+echo "ok: stress: T=17, 31, 32 diverge at the tail-block layer; nothing at the clean layer"
+
 # gate: a regressions folder of fixed faults passes; with one fault still in the build, it fails
 # and names that capsule ($CAPSULE_TINY_GPT_FIXED simulates the build after a fix).
 mkdir -p "$work/regressions"
