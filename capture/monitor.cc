@@ -136,6 +136,8 @@ void Monitor::AttachModel(Model* model, PathKind path) {
   state_->path = path;
 }
 
+void Monitor::SetWeightsCheckpoint(const std::string& path) { options_.weights_checkpoint = path; }
+
 Status Monitor::SetIdentity(const IdentityInfo& info) {
   v1::Identity& id = state_->identity;
   id.Clear();

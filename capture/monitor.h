@@ -74,6 +74,13 @@ struct MonitorOptions {
   // `max_weight_bytes`. Without embedded weights replay needs --weights.
   WeightPolicy weight_policy = WeightPolicy::kAll;
   uint64_t max_weight_bytes = uint64_t{256} << 20;
+  // The checkpoint file holding the weights the trainer runs with (the one it loaded, or one it
+  // just saved; Monitor::SetWeightsCheckpoint changes it): a state dict saved by torch.save or
+  // torch::pickle_save, or a torch::save archive (probe/checkpoint.h). A capsule that does not
+  // embed every weight names it (path, size, each tensor's hash, and whether it still holds this
+  // step's weights) so that replay can load it; a large model's capsule then stays small and
+  // replays in full. Empty: none.
+  std::string weights_checkpoint;
 
   // Scalar history kept (and stored in capsules) and log lines kept.
   int history_length = 64;
@@ -201,6 +208,10 @@ class Monitor {
 
   // Hashes the files (once). Errors are returned and logged; capsules then lack those hashes.
   Status SetIdentity(const IdentityInfo& identity);
+
+  // The trainer's weights are now those of this checkpoint (it loaded or saved it):
+  // MonitorOptions::weights_checkpoint for the captures from here on.
+  void SetWeightsCheckpoint(const std::string& path);
 
   // A trainer RNG (e.g. the data sampler) to store in capsules: `save` returns its state bytes.
   void RegisterRng(const std::string& name, std::function<std::string()> save, uint64_t seed = 0);

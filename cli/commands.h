@@ -117,6 +117,7 @@ struct ReplayCliOptions {
   std::vector<std::string> plugins;
   TrustOptions trust;
   std::string weights;
+  std::string checkpoint;  // --checkpoint: where the weights checkpoint the capsule names is
   bool force = false;
   std::string phase = "forward";
   std::string bisect = "bisect";

@@ -160,6 +160,9 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("--weights", options->weights,
                   "Capsule holding all weights, when this one does not embed them")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--checkpoint", options->checkpoint,
+                  "The weights checkpoint the capsule names, when it is not at the recorded path")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--force", options->force, "Replay despite a torch version or model hash mismatch");
   cmd->add_option("--phase", options->phase, "Layerwise phases to compare")
       ->check(CLI::IsMember({"forward", "backward", "both"}));
@@ -192,6 +195,7 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
 int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   ReplayOptions options;
   options.weights_path = o.weights;
+  options.checkpoint_path = o.checkpoint;
   options.force = o.force;
   options.repeat = o.repeat;
   options.forward = o.phase != "backward";
@@ -246,6 +250,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   for (const auto& p : o.plugins) cmd += " --plugin " + p;
   for (const auto& k : o.trust.pubkeys) cmd += " --pubkey " + k;
   if (o.trust.allow_unsigned) cmd += " --allow-unsigned";
+  if (!o.checkpoint.empty()) cmd += " --checkpoint " + o.checkpoint;
   if (o.bisect_given) cmd += " --bisect=" + o.bisect;
   if (o.phase != "forward") cmd += " --phase " + o.phase;
   if (o.repeat > 1) cmd += " --repeat " + std::to_string(o.repeat);

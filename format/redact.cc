@@ -169,6 +169,16 @@ void RedactPaths(v1::Capsule* c) {
     }
     f.set_path(base);
   }
+  // The checkpoint a capsule names keeps its base name, as the identity files do.
+  if (c->model().has_weights_reference()) {
+    v1::WeightsReference* ref = c->mutable_model()->mutable_weights_reference();
+    const std::string base = BaseName(ref->path());
+    if (ref->path() != base) {
+      const std::string dir = ref->path().substr(0, ref->path().size() - base.size());
+      if (dir.size() > 1) dirs.emplace(dir.size(), dir);
+    }
+    ref->set_path(base);
+  }
   EditFreeText(c, [&](std::string* s) {
     // "dir/" then "dir": "/data/run/tok.json" becomes "tok.json", a bare "/data/run" a mark.
     for (const auto& [size, dir] : dirs) ReplaceAll(s, dir, "");

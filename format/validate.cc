@@ -360,6 +360,35 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     if (g.state().empty()) return Invalid(where, "state must not be empty");
   }
 
+  if (c.model().has_weights_reference()) {
+    const v1::WeightsReference& ref = c.model().weights_reference();
+    const std::string where = "model.weights_reference";
+    if (c.model().weight_policy() == v1::WEIGHTS_ALL) {
+      return Invalid(where, "set although every weight is embedded (weight_policy WEIGHTS_ALL)");
+    }
+    if (ref.format() != "torch_pickle" && ref.format() != "torch_archive") {
+      return Invalid(where, "format must be torch_pickle or torch_archive");
+    }
+    if (ref.size_bytes() < 0) return Invalid(where, "negative size_bytes");
+    if (!IsSha256Hex(ref.tensors_sha256()) ||
+        (!ref.file_sha256().empty() && !IsSha256Hex(ref.file_sha256()))) {
+      return Invalid(where, "tensors_sha256 and file_sha256 must be 64 lowercase hex");
+    }
+    if (ref.tensors_size() == 0) return Invalid(where, "names no tensor");
+    for (int i = 0; i < ref.tensors_size(); ++i) {
+      const v1::TensorDigest& t = ref.tensors(i);
+      const std::string at = where + ".tensors[" + std::to_string(i) + "]";
+      if (t.name().empty() || t.dtype().empty()) return Invalid(at, "name and dtype must be set");
+      if (i > 0 && t.name() <= ref.tensors(i - 1).name()) {
+        return Invalid(at, "names must be sorted and unique");
+      }
+      if (!IsSha256Hex(t.sha256())) return Invalid(at, "sha256 must be 64 lowercase hex");
+      for (int64_t d : t.shape()) {
+        if (d < 0) return Invalid(at, "negative dimension");
+      }
+    }
+  }
+
   const v1::Numerics& num = c.numerics();
   for (int i = 0; i < num.layers_size(); ++i) {
     const v1::LayerStats& l = num.layers(i);

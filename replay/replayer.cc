@@ -14,6 +14,7 @@
 #include "capsule/base/strings.h"
 #include "capsule/bisect/search.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/probe/checkpoint.h"
 #include "capsule/probe/environment.h"
 #include "capsule/probe/hashing.h"
 #include "capsule/probe/layer_probe.h"
@@ -48,6 +49,38 @@ StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
   return b;
 }
 
+// The checkpoint a capsule names (model.weights_reference), refused unless every tensor's hash
+// is the recorded one.
+StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c,
+                                                            const ReplayOptions& options,
+                                                            v1::ReplayReport& report) {
+  const v1::WeightsReference& ref = c.model().weights_reference();
+  const std::string path = options.checkpoint_path.empty() ? ref.path() : options.checkpoint_path;
+  if (path.empty()) {
+    return FailedPreconditionError(
+        "the capsule names a weights checkpoint whose path was redacted; give the checkpoint's "
+        "path");
+  }
+  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(path);
+  if (!ckpt.ok()) return ckpt.status().WithContext("the capsule's weights checkpoint");
+  CAPSULE_ASSIGN_OR_RETURN(std::vector<TensorDigestInfo> got, TensorDigests(ckpt->tensors));
+  std::vector<TensorDigestInfo> recorded;
+  for (const v1::TensorDigest& t : ref.tensors()) {
+    recorded.push_back({t.name(), t.dtype(), {t.shape().begin(), t.shape().end()}, t.sha256()});
+  }
+  const std::string differs = FirstDigestDifference(recorded, got);
+  if (!differs.empty()) {
+    const std::string msg = "checkpoint " + path + " is not the one the capsule names: " + differs;
+    if (!options.force) return FailedPreconditionError(msg);
+    report.add_warnings(msg);
+  }
+  if (!ref.matches_step()) {
+    report.add_warnings("the capsule recorded that checkpoint " + ref.path() +
+                        " did not hold the step's weights (training had moved them)");
+  }
+  return std::move(ckpt->tensors);
+}
+
 Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& model,
                    v1::ReplayReport& report) {
   std::vector<NamedTensor> params;
@@ -60,6 +93,10 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
     if (!weights.ok()) return weights.status().WithContext("weights " + options.weights_path);
     CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(*weights->capsule));
     source = options.weights_path;
+  } else if (c.model().weight_policy() != v1::WEIGHTS_ALL && c.model().has_weights_reference()) {
+    CAPSULE_ASSIGN_OR_RETURN(params, LoadReferencedCheckpoint(c, options, report));
+    source = "checkpoint " + (options.checkpoint_path.empty() ? c.model().weights_reference().path()
+                                                              : options.checkpoint_path);
   } else {
     if (c.model().weight_policy() != v1::WEIGHTS_ALL) {
       return FailedPreconditionError(

@@ -53,6 +53,10 @@ struct ReplayOptions {
   // A capsule file holding all the model's parameters (e.g. written with WeightPolicy kAll) to use
   // instead of the embedded ones. Its canonical model hash must equal the capsule's.
   std::string weights_path;
+  // The checkpoint to load when the capsule names one (model.weights_reference) instead of
+  // embedding every weight; empty: the path it recorded. Each tensor's hash must match the
+  // recorded one (the first that differs is named).
+  std::string checkpoint_path;
   // Go on despite a torch version or model hash mismatch (reported as warnings).
   bool force = false;
   // Layerwise phases to compare. Default: forward only.

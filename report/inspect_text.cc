@@ -65,6 +65,23 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
     out << "model: " << PrintableShort(c.model().registry_name()) << " ("
         << (c.model().trainer_path() == v1::REFERENCE ? "reference" : "optimized") << " path), "
         << c.model().layers_size() << " layers\n";
+    // What the capture embedded of the weights, and the checkpoint it named instead.
+    out << "weights: "
+        << (c.model().weight_policy() == v1::WEIGHTS_ALL ? "all embedded"
+            : c.model().weight_policy() == v1::WEIGHTS_ANOMALOUS_LAYER
+                ? "the anomalous layer's embedded"
+                : "none embedded")
+        << "\n";
+    if (c.model().has_weights_reference()) {
+      const v1::WeightsReference& ref = c.model().weights_reference();
+      out << "  checkpoint: " << PrintableShort(ref.path()) << " (" << PrintableShort(ref.format())
+          << ", " << HumanBytes(static_cast<uint64_t>(ref.size_bytes())) << ", "
+          << ref.tensors_size() << " tensors, sha256 " << ref.tensors_sha256().substr(0, 16)
+          << "…): "
+          << (ref.matches_step() ? "holds this step's weights"
+                                 : "does NOT hold this step's weights")
+          << "\n";
+    }
   }
   const v1::Numerics& n = c.numerics();
   if (!n.first_anomalous_layer().empty()) {

@@ -9,6 +9,7 @@
 #include "capsule/base/printable.h"
 #include "capsule/format/validate.h"
 #include "capsule/format/version.h"
+#include "capsule/probe/checkpoint.h"
 #include "capsule/probe/environment.h"
 #include "capsule/probe/hashing.h"
 #include "capsule/probe/tensor_codec.h"
@@ -267,6 +268,47 @@ StatusOr<int> FillRerun(const ProbeResult& r, const CaptureContext& context, v1:
 }
 
 // The model spec, its hash and size, the re-run's sections and the weights the policy asks for.
+// Names the checkpoint instead of embedding it: its file, every tensor's digest, and whether it
+// holds this step's weights. A checkpoint that cannot be read loses the reference, not the
+// capsule: the reason goes to the capture notes.
+void FillWeightsReference(const std::string& path, const std::vector<NamedTensor>& params,
+                          v1::ModelSpec& ms, std::vector<std::string>& notes) {
+  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(path);
+  StatusOr<std::vector<TensorDigestInfo>> digests =
+      ckpt.ok() ? TensorDigests(ckpt->tensors)
+                : StatusOr<std::vector<TensorDigestInfo>>(ckpt.status());
+  StatusOr<std::string> hash =
+      ckpt.ok() ? CanonicalModelHash(ckpt->tensors) : StatusOr<std::string>(ckpt.status());
+  StatusOr<std::vector<TensorDigestInfo>> current = TensorDigests(params);
+  for (const Status* s : {&digests.status(), &hash.status(), &current.status()}) {
+    if (!s->ok()) {
+      notes.push_back("capsule: the weights checkpoint cannot be named: " + s->ToString());
+      return;
+    }
+  }
+  v1::WeightsReference& ref = *ms.mutable_weights_reference();
+  ref.set_path(path);
+  ref.set_size_bytes(ckpt->size_bytes);
+  ref.set_file_sha256(ckpt->file_sha256);
+  ref.set_format(ckpt->format);
+  ref.set_tensors_sha256(*hash);
+  for (const TensorDigestInfo& d : *digests) {
+    v1::TensorDigest& t = *ref.add_tensors();
+    t.set_name(d.name);
+    t.set_dtype(d.dtype);
+    for (int64_t x : d.shape) t.add_shape(x);
+    t.set_sha256(d.sha256);
+  }
+  const std::string differs = FirstDigestDifference(*digests, *current);
+  ref.set_matches_step(differs.empty());
+  notes.push_back(differs.empty()
+                      ? "capsule: the weights are referenced, not embedded: checkpoint " + path +
+                            " holds this step's weights"
+                      : "capsule: checkpoint " + path +
+                            " does not hold this step's weights (training moved them since): " +
+                            differs + "; replay of the whole step needs a checkpoint of this step");
+}
+
 Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
                  const MonitorOptions& options, v1::Capsule& c, std::vector<std::string>& notes) {
   Model& model = *context.model;
@@ -297,6 +339,9 @@ Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
                     "; embedding the anomalous layer's only");
   }
   ms.set_weight_policy(static_cast<v1::WeightPolicy>(policy));
+  if (policy != WeightPolicy::kAll && !options.weights_checkpoint.empty()) {
+    FillWeightsReference(options.weights_checkpoint, params, ms, notes);
+  }
   std::map<std::string, std::string> owner;  // parameter name -> layer name
   for (size_t i = 0; i < seq.size(); ++i) {
     for (const NamedTensor& p : seq.LayerParameters(i)) owner[p.first] = seq.name(i);

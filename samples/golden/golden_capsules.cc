@@ -243,6 +243,21 @@ v1::Capsule MakeFullCapsule() {
   m.set_trainer_path(v1::OPTIMIZED);
   m.set_weight_policy(v1::WEIGHTS_ANOMALOUS_LAYER);
   for (const char* name : names) m.add_layers(name);
+  v1::WeightsReference& ref = *m.mutable_weights_reference();
+  ref.set_path("/data/ckpt/model-step4.pt");
+  ref.set_size_bytes(1 << 20);
+  ref.set_file_sha256(Sha256Hex("golden checkpoint file"));
+  ref.set_format("torch_pickle");
+  ref.set_tensors_sha256(Sha256Hex("golden checkpoint tensors"));
+  for (const char* name : {"blocks.0.weight", "embed.weight"}) {
+    v1::TensorDigest& d = *ref.add_tensors();
+    d.set_name(name);
+    d.set_dtype("Float");
+    d.add_shape(4);
+    d.add_shape(4);
+    d.set_sha256(Sha256Hex(name));
+  }
+  ref.set_matches_step(true);
 
   c.mutable_redaction()->set_redacted_unix_micros(0);
   (*c.mutable_annotations())["experiment"] = "golden";

@@ -309,6 +309,21 @@ v1::Capsule MakeFullCapsule() {
   model->set_trainer_path(v1::OPTIMIZED);
   model->set_weight_policy(v1::WEIGHTS_ANOMALOUS_LAYER);
   for (const char* l : layers) model->add_layers(l);
+  v1::WeightsReference* ref = model->mutable_weights_reference();
+  ref->set_path("/ckpt/model.pt");
+  ref->set_size_bytes(4096);
+  ref->set_file_sha256(Sha256Hex("checkpoint file"));
+  ref->set_format("torch_archive");
+  ref->set_tensors_sha256(Sha256Hex("checkpoint tensors"));
+  for (const char* name : {"blocks.0.attn.qkv.weight", "embed.weight"}) {
+    v1::TensorDigest* d = ref->add_tensors();
+    d->set_name(name);
+    d->set_dtype("Float");
+    d->add_shape(2);
+    d->add_shape(3);
+    d->set_sha256(Sha256Hex(name));
+  }
+  ref->set_matches_step(true);
 
   v1::Redaction* red = c.mutable_redaction();
   red->add_dropped("text");

@@ -272,6 +272,25 @@ TEST_F(RedactTest, PathsBecomeBaseNamesAndHostIsCleared) {
   EXPECT_EQ(c.log().lines(2), "loaded tokenizer.json on <redacted>");
 }
 
+TEST_F(RedactTest, TheNamedCheckpointKeepsItsBaseName) {
+  v1::Capsule src = MakePrivateCapsule();
+  src.mutable_model()->set_weight_policy(v1::WEIGHTS_ANOMALOUS_LAYER);
+  v1::WeightsReference& ref = *src.mutable_model()->mutable_weights_reference();
+  ref.set_path("/home/alice/ckpt/model-step900.pt");
+  ref.set_format("torch_pickle");
+  ref.set_tensors_sha256(std::string(64, 'a'));
+  v1::TensorDigest& t = *ref.add_tensors();
+  t.set_name("w");
+  t.set_dtype("Float");
+  t.set_sha256(std::string(64, 'b'));
+  src.mutable_log()->add_lines("loaded /home/alice/ckpt/model-step900.pt");
+  WriteOptions w;
+  w.signing_key = &source_key_;
+  const v1::Capsule c = Read(Redact(OrDie(EncodeCapsule(src, w)), "paths"));
+  EXPECT_EQ(c.model().weights_reference().path(), "model-step900.pt");
+  EXPECT_EQ(c.log().lines(c.log().lines_size() - 1), "loaded model-step900.pt");
+}
+
 TEST_F(RedactTest, RedactingTwiceChangesOnlyTheRecord) {
   const std::string once = Redact(source_bytes_, "text,tokens,paths,host");
   const std::string twice = Redact(once, "text,tokens,paths,host");

@@ -430,6 +430,28 @@ const Rule kRules[] = {
      "annotations: keys must not be empty"},
     {"RedactionUnknownItem", [](v1::Capsule* c) { c->mutable_redaction()->add_dropped("weights"); },
      "redaction.dropped: unknown item weights"},
+    {"WeightsReferenceWithEveryWeightEmbedded",
+     [](v1::Capsule* c) { c->mutable_model()->set_weight_policy(v1::WEIGHTS_ALL); },
+     "model.weights_reference: set although every weight is embedded"},
+    {"WeightsReferenceUnknownFormat",
+     [](v1::Capsule* c) { c->mutable_model()->mutable_weights_reference()->set_format("gguf"); },
+     "model.weights_reference: format must be torch_pickle or torch_archive"},
+    {"WeightsReferenceHashNotHex",
+     [](v1::Capsule* c) {
+       c->mutable_model()->mutable_weights_reference()->set_tensors_sha256("abc");
+     },
+     "model.weights_reference: tensors_sha256 and file_sha256 must be 64 lowercase hex"},
+    {"WeightsReferenceUnsortedTensors",
+     [](v1::Capsule* c) {
+       auto* t = c->mutable_model()->mutable_weights_reference()->mutable_tensors();
+       t->SwapElements(0, 1);
+     },
+     "model.weights_reference.tensors[1]: names must be sorted and unique"},
+    {"WeightsReferenceTensorDigestNotHex",
+     [](v1::Capsule* c) {
+       c->mutable_model()->mutable_weights_reference()->mutable_tensors(0)->set_sha256("x");
+     },
+     "model.weights_reference.tensors[0]: sha256 must be 64 lowercase hex"},
 };
 
 class ValidateRuleTest : public ::testing::TestWithParam<Rule> {};

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <torch/optim/adam.h>
+#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/redact.h"
 #include "capsule/format/signing.h"
+#include "capsule/probe/checkpoint.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
@@ -632,6 +634,179 @@ TEST_F(ReplayCapsuleTest, StressFindsTheTailLengthsAndNothingOnACleanLayer) {
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("blocks.0"), std::string::npos);
+}
+
+// Real model sizes: a 205 MB tiny_gpt (d_model 1024, 4 blocks) whose ln_f writes NaN. Recorded
+// once embedding every weight and once naming the checkpoint the trainer loaded (the anomalous
+// layer's weights and input embedded), the two capsules replay to the same verdict; the second
+// is under 5% of the weights; a checkpoint with one element changed is refused, named.
+struct LargeRun {
+  std::vector<std::string> files;
+  std::vector<v1::Capsule> capsules;
+};
+
+LargeRun RecordLarge(const std::string& dir, const std::string& checkpoint,
+                     const tiny_gpt::TinyGptConfig& config, WeightPolicy policy) {
+  at::set_num_threads(1);
+  std::unique_ptr<tiny_gpt::TinyGpt> model = std::move(*tiny_gpt::TinyGpt::Create(config));
+  // The trainer starts from the checkpoint: its weights are the checkpoint's.
+  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(checkpoint);
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(model->LoadParameters(ckpt->tensors).ok());
+  auto loader = tiny_gpt::CorpusLoader::Open(tiny_gpt::CorpusPath(), {2, config.seq_len, 0});
+  MonitorOptions mo;
+  mo.capsule_dir = dir;
+  mo.run_name = "large";
+  mo.log_sink = [](const std::string&) {};
+  mo.weight_policy = policy;
+  mo.max_weight_bytes = uint64_t{1} << 30;
+  mo.weights_checkpoint = checkpoint;
+  Monitor monitor(mo);
+  monitor.AttachModel(model.get(), PathKind::kOptimized);
+  model->SetStep(0);
+  tiny_gpt::CorpusBatch cb = loader->Next();
+  monitor.BeginStep(0, DataCursor{}, StepBatch{cb.batch, cb.raw_text, {}, 0, 0, {}, {}});
+  double loss = 0;
+  StepReport report = monitor.RunStep([&] {
+    at::Tensor l = RunSequence(model->Path(PathKind::kOptimized), cb.batch);
+    l.backward();
+    loss = l.item<double>();
+  });
+  StepScalars scalars;
+  scalars.loss = loss;
+  if (!report.triggered) monitor.EndStep(scalars);
+  LargeRun run;
+  for (const auto& e : fs::directory_iterator(dir)) run.files.push_back(e.path());
+  ReadOptions ro;
+  ro.allow_unsigned = true;
+  for (const std::string& f : run.files) {
+    auto d = ReadCapsuleFile(f, ro);
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (d.ok()) run.capsules.push_back(*d->capsule);
+  }
+  return run;
+}
+
+TEST_F(ReplayCapsuleTest, LargeModelCapsuleNamesItsCheckpointAndReplaysFromIt) {
+  TempDir dir;
+  tiny_gpt::TinyGptConfig config;
+  config.d_model = 1024;
+  config.n_heads = 16;
+  config.n_layers = 4;
+  config.fault = {FaultKind::kNan, "ln_f", 0};
+  const std::string checkpoint = dir.path() + "/model.pt";
+  uint64_t weight_bytes = 0;
+  {
+    std::unique_ptr<tiny_gpt::TinyGpt> init = std::move(*tiny_gpt::TinyGpt::Create(config));
+    for (const auto& [name, t] : init->NamedParameters()) weight_bytes += t.numel() * 4;
+    ASSERT_TRUE(SaveCheckpoint(checkpoint, init->NamedParameters()).ok());
+  }
+  ASSERT_GE(weight_bytes, uint64_t{200'000'000});  // 204 MB
+
+  const LargeRun all = RecordLarge(dir.path() + "/all", checkpoint, config, WeightPolicy::kAll);
+  const LargeRun ref =
+      RecordLarge(dir.path() + "/ref", checkpoint, config, WeightPolicy::kAnomalousLayer);
+  ASSERT_EQ(all.capsules.size(), 1u);
+  ASSERT_EQ(ref.capsules.size(), 1u);
+  const v1::Capsule& embedded = all.capsules[0];
+  const v1::Capsule& named = ref.capsules[0];
+  EXPECT_FALSE(embedded.model().has_weights_reference());
+  ASSERT_TRUE(named.model().has_weights_reference());
+  const v1::WeightsReference& wr = named.model().weights_reference();
+  EXPECT_TRUE(wr.matches_step());
+  EXPECT_EQ(wr.format(), "torch_pickle");
+  EXPECT_EQ(wr.tensors_sha256(), named.identity().model_sha256());
+  EXPECT_EQ(wr.tensors_size(), 2 + 12 * 4 + 3);               // embed, 4 blocks, ln_f and lm_head
+  EXPECT_LE(fs::file_size(ref.files[0]), weight_bytes / 20);  // <= 5% of the weights
+  EXPECT_GT(fs::file_size(all.files[0]), weight_bytes);
+
+  auto from_embedded = Replay(embedded);
+  ASSERT_TRUE(from_embedded.ok()) << from_embedded.status();
+  auto from_checkpoint = Replay(named);
+  ASSERT_TRUE(from_checkpoint.ok()) << from_checkpoint.status();
+  EXPECT_EQ(from_checkpoint->diagnosis(), v1::NUMERICS);
+  EXPECT_EQ(from_checkpoint->first_divergent_layer(), "ln_f");
+  EXPECT_EQ(from_checkpoint->diagnosis(), from_embedded->diagnosis());
+  EXPECT_EQ(from_checkpoint->first_divergent_layer(), from_embedded->first_divergent_layer());
+  EXPECT_EQ(from_checkpoint->fidelity(), from_embedded->fidelity());
+  const double a = from_checkpoint->replayed_value(), b = from_embedded->replayed_value();
+  EXPECT_TRUE((std::isnan(a) && std::isnan(b)) || a == b) << a << " vs " << b;
+
+  // One element of one tensor changed: refused, naming it, before anything runs.
+  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(checkpoint);
+  ASSERT_TRUE(ckpt.ok());
+  for (auto& [name, t] : ckpt->tensors) {
+    if (name == "blocks.1.mlp.fc1.weight") t.view(-1)[7] += 1e-3;
+  }
+  const std::string modified = dir.path() + "/modified.pt";
+  ASSERT_TRUE(SaveCheckpoint(modified, ckpt->tensors).ok());
+  ReplayOptions options;
+  options.checkpoint_path = modified;
+  auto refused = ReplayCapsule(named, registry_, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("'blocks.1.mlp.fc1.weight' differs"), std::string::npos)
+      << refused.status();
+}
+
+// The checkpoints a user has: a state dict saved by Python's torch.save, and a
+// torch::serialize::OutputArchive with a nested archive, both read by name.
+TEST(CheckpointTest, ReadsPythonStateDictsAndTorchArchives) {
+  TempDir dir;
+  const std::string py = dir.path() + "/py.pt";
+  const std::string cmd =
+      "/usr/bin/python3 -c \"import collections, torch; sd = collections.OrderedDict("
+      "[('b.weight', torch.arange(6, dtype=torch.float32).reshape(2, 3)), "
+      "('a.bias', torch.ones(4, dtype=torch.float64))]); torch.save(dict(sd), '" +
+      py + "'); torch.save(sd, '" + py + ".ordered')\"";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  StatusOr<LoadedCheckpoint> p = LoadCheckpoint(py);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->format, "torch_pickle");
+  ASSERT_EQ(p->tensors.size(), 2u);
+  EXPECT_EQ(p->tensors[0].first, "b.weight");
+  EXPECT_TRUE(at::equal(p->tensors[0].second, at::arange(6, at::kFloat).reshape({2, 3})));
+  EXPECT_EQ(p->tensors[1].second.scalar_type(), at::kDouble);
+  // model.state_dict() itself, an OrderedDict: refused with the way to save it instead.
+  StatusOr<LoadedCheckpoint> ordered = LoadCheckpoint(py + ".ordered");
+  EXPECT_EQ(ordered.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ordered.status().message().find("torch.save(dict(model.state_dict()), path)"),
+            std::string::npos)
+      << ordered.status();
+
+  const std::string archive = dir.path() + "/archive.pt";
+  {
+    torch::serialize::OutputArchive out, sub;
+    sub.write("weight", at::full({3}, 2.0));
+    out.write("head", at::zeros({2, 2}));
+    out.write("block", sub);
+    out.save_to(archive);
+  }
+  StatusOr<LoadedCheckpoint> a = LoadCheckpoint(archive);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->format, "torch_archive");
+  std::vector<std::string> names;
+  for (const auto& [name, t] : a->tensors) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"block.weight", "head"}));
+
+  // Digests name the first difference.
+  auto d1 = TensorDigests(p->tensors);
+  std::vector<NamedTensor> changed = p->tensors;
+  changed[1].second = changed[1].second.clone();
+  changed[1].second[0] = 5;
+  auto d2 = TensorDigests(changed);
+  ASSERT_TRUE(d1.ok() && d2.ok());
+  EXPECT_EQ(FirstDigestDifference(*d1, *d1), "");
+  EXPECT_NE(FirstDigestDifference(*d1, *d2).find("'a.bias' differs"), std::string::npos);
+
+  const std::string junk = dir.path() + "/junk.pt";
+  ASSERT_TRUE(SaveCheckpoint(junk, {}).ok());  // an empty dict: no tensor
+  EXPECT_EQ(LoadCheckpoint(junk).status().code(), StatusCode::kInvalidArgument);
+  std::FILE* f = std::fopen((dir.path() + "/text.pt").c_str(), "w");
+  std::fputs("not a checkpoint", f);
+  std::fclose(f);
+  EXPECT_EQ(LoadCheckpoint(dir.path() + "/text.pt").status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
