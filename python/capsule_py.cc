@@ -257,6 +257,8 @@ MonitorOptions OptionsFrom(const py::kwargs& kw) {
       {"weight_policy",
        [&](const py::handle& v) { o.weight_policy = ParseWeightPolicy(v.cast<std::string>()); }},
       {"max_weight_bytes", [&](const py::handle& v) { o.max_weight_bytes = v.cast<uint64_t>(); }},
+      {"weights_checkpoint",
+       [&](const py::handle& v) { o.weights_checkpoint = v.cast<std::string>(); }},
       {"history_length", [&](const py::handle& v) { o.history_length = v.cast<int>(); }},
       {"log_lines", [&](const py::handle& v) { o.log_lines = v.cast<int>(); }},
       {"trigger_non_finite_loss",
@@ -360,6 +362,8 @@ PYBIND11_MODULE(_capsule, m) {
            [](PyMonitor& self, int64_t step, const std::string& kind, const std::string& detail) {
              self.monitor.AddEvent(step, kind, detail);
            })
+      .def("set_weights_checkpoint",
+           [](PyMonitor& self, const std::string& path) { self.monitor.SetWeightsCheckpoint(path); })
       .def("set_identity",
            [](PyMonitor& self, const std::vector<std::pair<std::string, std::string>>& files,
               const std::string& chat_template, const std::string& config_text,

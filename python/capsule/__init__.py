@@ -242,7 +242,7 @@ class Monitor:
     limits; never stops the trainer. Options, as ``MonitorOptions`` in capture/monitor.h with
     the same defaults: capsule_dir, signing_key, run_name, max_capsules,
     min_steps_between_same_kind, weight_policy ("all", "anomalous_layer", "none"),
-    max_weight_bytes, history_length, log_lines, trigger_non_finite_loss,
+    max_weight_bytes, weights_checkpoint, history_length, log_lines, trigger_non_finite_loss,
     trigger_non_finite_grad, trigger_loss_spike, trigger_grad_norm_spike, loss_spike and
     grad_norm_spike (dicts of window, warmup, mads, min_ratio), rerun, rank, world_size,
     local_rank, device, annotations, log_sink. An unknown option is refused."""
@@ -278,6 +278,12 @@ class Monitor:
                               restore=lambda b: numpy.random.set_state(pickle.loads(b)))
         except ImportError:
             pass
+
+    def set_weights_checkpoint(self, path):
+        """The model's weights are now those of this checkpoint (one it loaded or saved, written
+        with ``torch.save(dict(model.state_dict()), path)``): a capsule that does not embed every
+        weight names it, and replay loads it."""
+        self._m.set_weights_checkpoint(path)
 
     def set_identity(self, files=(), chat_template="", config_text="", code_revision=""):
         """Hashes identity files (``[(role, path)]``); returns "" or the first error."""

@@ -376,3 +376,34 @@ def test_the_capture_rerun_draws_python_and_numpy_rngs_as_the_step_did(tmp_path,
     # And the trainer's RNGs are where its step left them.
     assert random.getstate() == after_step[0]
     assert (numpy.random.get_state()[1] == after_step[1]).all()
+
+
+def test_a_capsule_names_the_checkpoint_torch_save_wrote(tmp_path, keys):
+    # The trainer's weights come from a checkpoint torch.save wrote (a plain dict of the state
+    # dict); a capsule that embeds only the anomalous layer names it, with every tensor's hash.
+    torch.manual_seed(0)
+    seq = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ckpt = tmp_path / "model.pt"
+    torch.save(dict(seq.state_dict()), ckpt)
+    loss_fn = lambda out, batch: torch.nn.functional.mse_loss(out, batch["labels"])
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              weight_policy="anomalous_layer", log_sink=lambda line: None)
+    monitor.set_weights_checkpoint(str(ckpt))
+    monitor.attach(capsule.Model("mlp", seq, capsule.sequential_stages(seq, loss_fn)))
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    x[0, 0] = float("nan")
+    with monitor.step(0, batch={"inputs": x, "labels": y}) as s:
+        loss = loss_fn(seq(x), {"labels": y})
+        loss.backward()
+        s.end(loss=loss)
+    assert s.report["trigger"] == "NON_FINITE_LOSS"
+    out = subprocess.run([CLI, "inspect", s.report["capsule_path"], "--pubkey", str(keys[1]),
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    ref = json.loads(out)["model"]["weights_reference"]
+    assert ref["path"] == str(ckpt)
+    assert ref["format"] == "torch_pickle"
+    assert ref["matches_step"] is True
+    assert sorted(t["name"] for t in ref["tensors"]) == sorted(seq.state_dict())
+    text = subprocess.run([CLI, "inspect", s.report["capsule_path"], "--pubkey", str(keys[1])],
+                          capture_output=True, text=True, check=True).stdout
+    assert "holds this step's weights" in text
