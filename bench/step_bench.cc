@@ -4,6 +4,9 @@
 //   BM_TinyGptStep/armed_probe   armed, with an OptimizerProbe's BeforeStep/AfterStep around the
 //                                optimizer step
 //   BM_TinyGptStep/anomaly_mode  the same under torch::autograd::DetectAnomalyGuard
+//   BM_CaptureLatency            a step that captures (CaptureNow): the time the trainer is held,
+//                                split into re-run, build and encode+sign+write, each as a
+//                                multiple of the plain step time measured in the same loop
 // Budget (README, Performance): armed / unarmed <= 1.01, armed_probe / unarmed too. Read the ratio
 // within one run:
 //   capsule_bench --benchmark_filter=TinyGptStep --benchmark_repetitions=5
@@ -13,6 +16,7 @@
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/optim/adam.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -80,6 +84,54 @@ void BM_TinyGptStep(benchmark::State& state, Mode mode) {
   }
   state.counters["triggers"] = triggers;
 }
+
+// Each iteration: one plain step (timed), then the same step again under the Monitor with a
+// manual capture (timed by the Monitor's own StepReport). Counters are means over iterations.
+void BM_CaptureLatency(benchmark::State& state) {
+  at::set_num_threads(1);
+  tiny_gpt::TinyGptConfig config;
+  auto model = std::move(*tiny_gpt::TinyGpt::Create(config));
+  auto loader = *tiny_gpt::CorpusLoader::Open(tiny_gpt::CorpusPath(), {8, config.seq_len, 0});
+  MonitorOptions options;
+  options.capsule_dir = (std::filesystem::temp_directory_path() / "capsule-bench-latency").string();
+  options.log_sink = [](const std::string&) {};
+  options.max_capsules = 1 << 30;
+  options.min_steps_between_same_kind = 0;
+  Monitor monitor(options);
+  monitor.AttachModel(model.get(), PathKind::kOptimized);
+  double step_s = 0, rerun_s = 0, build_s = 0, write_s = 0;
+  int64_t step = 0, bytes = 0;
+  for (auto _ : state) {
+    tiny_gpt::CorpusBatch cb = loader.Next();
+    const auto t0 = std::chrono::steady_clock::now();
+    RunSequence(model->Path(PathKind::kOptimized), cb.batch).backward();
+    step_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    model->SetStep(step);
+    monitor.BeginStep(step, DataCursor{}, StepBatch{cb.batch, cb.raw_text, {}, 0, 0, {}, {}});
+    monitor.RunStep([&] { RunSequence(model->Path(PathKind::kOptimized), cb.batch).backward(); });
+    const StepReport r = monitor.CaptureNow("bench");
+    if (r.capsule_path.empty()) {
+      state.SkipWithError(("no capsule: " + r.summary).c_str());
+      break;
+    }
+    rerun_s += r.rerun_seconds;
+    build_s += r.build_seconds;
+    write_s += r.write_seconds;
+    bytes = static_cast<int64_t>(std::filesystem::file_size(r.capsule_path));
+    std::filesystem::remove(r.capsule_path);
+    for (const at::Tensor& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    ++step;
+  }
+  if (step == 0 || step_s <= 0) return;
+  state.counters["step_ms"] = 1e3 * step_s / static_cast<double>(step);
+  state.counters["rerun_x"] = rerun_s / step_s;
+  state.counters["build_x"] = build_s / step_s;
+  state.counters["write_x"] = write_s / step_s;
+  state.counters["held_x"] = (rerun_s + build_s + write_s) / step_s;
+  state.counters["capsule_MB"] = static_cast<double>(bytes) / 1e6;
+}
+
+BENCHMARK(BM_CaptureLatency)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(3.0);
 
 BENCHMARK_CAPTURE(BM_TinyGptStep, unarmed, Mode::kUnarmed)
     ->Name("BM_TinyGptStep/unarmed")

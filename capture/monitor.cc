@@ -64,6 +64,10 @@ struct Monitor::State {
 
 namespace {
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -408,14 +412,18 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
         r.restore(b.state);
       }
     }
+    const auto rerun_start = std::chrono::steady_clock::now();
     StatusOr<ProbeResult> probe = RerunStep(state_->model->Path(state_->path), snap);
+    report->rerun_seconds = SecondsSince(rerun_start);
     for (const auto& [r, state] : put_back) r->restore(state);
     if (!probe.ok()) return probe.status();
     rerun = std::move(*probe);
   }
+  const auto build_start = std::chrono::steady_clock::now();
   CAPSULE_ASSIGN_OR_RETURN(
       internal::BuiltCapsule built,
       internal::BuildCapsule(snap, rerun ? &*rerun : nullptr, context, options_));
+  report->build_seconds = SecondsSince(build_start);
   for (const std::string& note : built.notes) Log(note);
   const v1::Capsule& c = built.capsule;
   report->rerun_reproduced = c.trigger().capture_rerun() == v1::RERUN_REPRODUCED;
@@ -427,8 +435,10 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
     return Status::Ok();
   }
 
+  const auto write_start = std::chrono::steady_clock::now();
   CAPSULE_ASSIGN_OR_RETURN(report->capsule_path,
                            internal::WriteCapturedCapsule(c, options_, key ? &*key : nullptr));
+  report->write_seconds = SecondsSince(write_start);
   return Status::Ok();
 }
 

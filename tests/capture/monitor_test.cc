@@ -534,6 +534,11 @@ TEST(Snapshot, RerunWithDropoutIsBitIdentical) {
   StepReport r = m.CaptureNow("dropout check");
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_TRUE(r.rerun_reproduced);
+  // The report says where the capture held the trainer.
+  EXPECT_GT(r.rerun_seconds, 0);
+  EXPECT_GT(r.build_seconds, 0);
+  EXPECT_GT(r.write_seconds, 0);
+  EXPECT_LT(r.rerun_seconds + r.build_seconds + r.write_seconds, 600);
   ReadOptions ro;
   ro.allow_unsigned = true;
   auto d = ReadCapsuleFile(r.capsule_path, ro);
