@@ -316,6 +316,37 @@ StatusOr<std::vector<TensorList>> RunComposite(Model& model, const LayerBatch& b
   return outputs;
 }
 
+// One probe's errors, accumulated over the tensors its oracle compares.
+void AddToProbe(const TensorComparison& cmp, v1::BisectProbe& probe) {
+  probe.set_max_rel_err(std::max(probe.max_rel_err(), cmp.max_rel_err));
+  probe.set_max_abs_err(std::max(probe.max_abs_err(), cmp.max_abs_err));
+  probe.set_nonfinite_mismatch(probe.nonfinite_mismatch() + cmp.nonfinite_mismatch);
+}
+
+// Runs the layer search `mode` asks for with `oracle` over `opt`'s layers and records the result,
+// for the forward and the backward bisect alike.
+Status SearchLayers(BisectMode mode, LayerSequence& opt, v1::Phase phase, const std::string& what,
+                    const bisect::Oracle& oracle, v1::BisectReport& br) {
+  const size_t n = opt.size();
+  std::unique_ptr<bisect::Strategy> strategy;
+  if (mode == BisectMode::kLinear) {
+    strategy = std::make_unique<bisect::LinearStrategy>(bisect::LinearOptions{/*scan_all=*/true});
+  } else {
+    strategy = std::make_unique<bisect::BisectStrategy>();
+  }
+  const bisect::SearchResult r = bisect::Search(*strategy, n, oracle);
+  if (!r.ok()) return InternalError(what + ": " + r.error);
+  br.set_phase(phase);
+  br.set_strategy(std::string(strategy->name()));
+  br.set_layers(static_cast<int>(n));
+  br.set_probes(static_cast<int>(r.probes));
+  br.set_monotonic(r.monotonic());
+  br.set_probe_bound(static_cast<int>(std::ceil(std::log2(static_cast<double>(n)))) + 1);
+  br.set_first_bad_index(r.first_bad ? static_cast<int>(*r.first_bad) : -1);
+  if (r.first_bad) br.set_first_bad_layer(opt.name(*r.first_bad));
+  return Status::Ok();
+}
+
 Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& batch,
                  const ReplayOptions& options, v1::ReplayReport& report) {
   LayerSequence& opt = model.Path(PathKind::kOptimized);
@@ -339,30 +370,12 @@ Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& ba
           CompareTensors((*outs)[j].at(0), ref_run.outputs[j].at(0), opt.name(j), oracle_opts);
       if (!cmp.ok()) return bisect::OracleAnswer::Error(cmp.status().message());
       bad |= cmp->diverged;
-      probe.set_max_rel_err(std::max(probe.max_rel_err(), cmp->max_rel_err));
-      probe.set_max_abs_err(std::max(probe.max_abs_err(), cmp->max_abs_err));
-      probe.set_nonfinite_mismatch(probe.nonfinite_mismatch() + cmp->nonfinite_mismatch);
+      AddToProbe(*cmp, probe);
     }
     probe.set_bad(bad);
     return bisect::OracleAnswer::FromBool(bad);
   };
-  std::unique_ptr<bisect::Strategy> strategy;
-  if (options.bisect == BisectMode::kLinear) {
-    strategy = std::make_unique<bisect::LinearStrategy>(bisect::LinearOptions{/*scan_all=*/true});
-  } else {
-    strategy = std::make_unique<bisect::BisectStrategy>();
-  }
-  const bisect::SearchResult r = bisect::Search(*strategy, n, oracle);
-  if (!r.ok()) return InternalError("bisect: " + r.error);
-  br.set_phase(v1::FORWARD);
-  br.set_strategy(std::string(strategy->name()));
-  br.set_layers(static_cast<int>(n));
-  br.set_probes(static_cast<int>(r.probes));
-  br.set_monotonic(r.monotonic());
-  br.set_probe_bound(static_cast<int>(std::ceil(std::log2(static_cast<double>(n)))) + 1);
-  br.set_first_bad_index(r.first_bad ? static_cast<int>(*r.first_bad) : -1);
-  if (r.first_bad) br.set_first_bad_layer(opt.name(*r.first_bad));
-  return Status::Ok();
+  return SearchLayers(options.bisect, opt, v1::FORWARD, "bisect", oracle, br);
 }
 
 // A composite run forward and backward: layers [0, k) OPTIMIZED, [k, n) REFERENCE, and the
@@ -398,7 +411,6 @@ StatusOr<std::vector<at::Tensor>> CompositeGradients(Model& model, const LayerBa
 Status RunBackwardBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& batch,
                          const ReplayOptions& options, v1::ReplayReport& report) {
   LayerSequence& opt = model.Path(PathKind::kOptimized);
-  const size_t n = opt.size();
   std::vector<std::string> names;
   std::vector<at::Tensor> params, reference;
   for (const ParameterGrad& p : ref_run.parameter_grads) {
@@ -429,30 +441,12 @@ Status RunBackwardBisect(Model& model, const ReferenceRun& ref_run, const LayerB
       auto cmp = CompareTensors(g, reference[j], names[j], oracle_opts);
       if (!cmp.ok()) return bisect::OracleAnswer::Error(cmp.status().message());
       bad |= cmp->diverged;
-      probe.set_max_rel_err(std::max(probe.max_rel_err(), cmp->max_rel_err));
-      probe.set_max_abs_err(std::max(probe.max_abs_err(), cmp->max_abs_err));
-      probe.set_nonfinite_mismatch(probe.nonfinite_mismatch() + cmp->nonfinite_mismatch);
+      AddToProbe(*cmp, probe);
     }
     probe.set_bad(bad);
     return bisect::OracleAnswer::FromBool(bad);
   };
-  std::unique_ptr<bisect::Strategy> strategy;
-  if (options.bisect == BisectMode::kLinear) {
-    strategy = std::make_unique<bisect::LinearStrategy>(bisect::LinearOptions{/*scan_all=*/true});
-  } else {
-    strategy = std::make_unique<bisect::BisectStrategy>();
-  }
-  const bisect::SearchResult r = bisect::Search(*strategy, n, oracle);
-  if (!r.ok()) return InternalError("backward bisect: " + r.error);
-  br.set_phase(v1::BACKWARD);
-  br.set_strategy(std::string(strategy->name()));
-  br.set_layers(static_cast<int>(n));
-  br.set_probes(static_cast<int>(r.probes));
-  br.set_monotonic(r.monotonic());
-  br.set_probe_bound(static_cast<int>(std::ceil(std::log2(static_cast<double>(n)))) + 1);
-  br.set_first_bad_index(r.first_bad ? static_cast<int>(*r.first_bad) : -1);
-  if (r.first_bad) br.set_first_bad_layer(opt.name(*r.first_bad));
-  return Status::Ok();
+  return SearchLayers(options.bisect, opt, v1::BACKWARD, "backward bisect", oracle, br);
 }
 
 bool SameBits(double a, double b) {
