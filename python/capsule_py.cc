@@ -362,8 +362,9 @@ PYBIND11_MODULE(_capsule, m) {
            [](PyMonitor& self, int64_t step, const std::string& kind, const std::string& detail) {
              self.monitor.AddEvent(step, kind, detail);
            })
-      .def("set_weights_checkpoint",
-           [](PyMonitor& self, const std::string& path) { self.monitor.SetWeightsCheckpoint(path); })
+      .def(
+          "set_weights_checkpoint",
+          [](PyMonitor& self, const std::string& path) { self.monitor.SetWeightsCheckpoint(path); })
       .def("set_identity",
            [](PyMonitor& self, const std::vector<std::pair<std::string, std::string>>& files,
               const std::string& chat_template, const std::string& config_text,
