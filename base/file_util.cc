@@ -174,8 +174,63 @@ bool SameFile(const std::string& a, const std::string& b) {
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+namespace {
+
+class TempFileWriter final : public AtomicFileWriter {
+ public:
+  explicit TempFileWriter(int fd) : fd_(fd) {}
+
+  Status Append(std::string_view bytes) override {
+    CAPSULE_RETURN_IF_ERROR(WriteAt(size_, bytes));
+    size_ += bytes.size();
+#if defined(SYNC_FILE_RANGE_WRITE)
+    // Starts writing back what is complete while the producer makes the rest, so the fsync at the
+    // end waits for the last stretch only, not for the whole file. A hint: failures are ignored,
+    // the fsync decides.
+    if (size_ - started_ >= kWritebackStep) {
+      ::sync_file_range(fd_, static_cast<off_t>(started_), static_cast<off_t>(size_ - started_),
+                        SYNC_FILE_RANGE_WRITE);
+      started_ = size_;
+    }
+#endif
+    return Status::Ok();
+  }
+  Status WriteAt(uint64_t offset, std::string_view bytes) override {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
+                                 static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        errno_ = errno;
+        return ErrnoError(errno_, "cannot write", "the temporary file");
+      }
+      done += static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  }
+  // The errno of the first failed write; 0 when none failed.
+  int write_errno() const { return errno_; }
+
+ private:
+  static constexpr uint64_t kWritebackStep = uint64_t{8} << 20;
+  const int fd_;
+  uint64_t size_ = 0;
+  uint64_t started_ = 0;  // writeback was started for bytes [0, started_)
+  int errno_ = 0;
+};
+
+}  // namespace
+
 Status WriteFileAtomic(const std::string& path, std::string_view bytes,
                        const AtomicWriteOptions& options) {
+  return WriteFileAtomicWith(
+      path, [bytes](AtomicFileWriter& file) { return file.Append(bytes); }, options);
+}
+
+Status WriteFileAtomicWith(const std::string& path,
+                           const std::function<Status(AtomicFileWriter& file)>& produce,
+                           const AtomicWriteOptions& options) {
   const std::string base = BaseName(path);
   if (base.empty() || base == "." || base == "..") {
     return InvalidArgumentError(path + " is not a file name");
@@ -198,14 +253,13 @@ Status WriteFileAtomic(const std::string& path, std::string_view bytes,
   };
   // mkostemp creates mode 0600 whatever the umask; the requested mode is a promise either way.
   if (::fchmod(fd.get(), options.mode) != 0) return fail(errno, "cannot chmod");
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail(errno, "cannot write");
-    }
-    done += static_cast<size_t>(n);
+  TempFileWriter writer(fd.get());
+  if (Status produced = produce(writer); !produced.ok()) {
+    // A failed write is reported against NAME, as the writer could not name it.
+    if (writer.write_errno() != 0) return fail(writer.write_errno(), "cannot write");
+    ::close(fd.Release());
+    ::unlink(temp.c_str());
+    return produced;
   }
   if (::fsync(fd.get()) != 0) return fail(errno, "cannot fsync");
   if (::close(fd.Release()) != 0) return fail(errno, "cannot close");

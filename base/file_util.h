@@ -21,6 +21,7 @@
 #define CAPSULE_BASE_FILE_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -62,6 +63,26 @@ struct AtomicWriteOptions {
 // under NAME that was not there before, and the temporary file is removed.
 Status WriteFileAtomic(const std::string& path, std::string_view bytes,
                        const AtomicWriteOptions& options = {});
+
+// The temporary file of WriteFileAtomicWith, for the producer to write through. Errors are those
+// of WriteFileAtomic (kResourceExhausted for a full disk, ...).
+class AtomicFileWriter {
+ public:
+  virtual ~AtomicFileWriter() = default;
+  // Writes `bytes` after everything written so far.
+  virtual Status Append(std::string_view bytes) = 0;
+  // Rewrites bytes already written, from `offset` (a header whose fields are known only once the
+  // rest is written).
+  virtual Status WriteAt(uint64_t offset, std::string_view bytes) = 0;
+};
+
+// WriteFileAtomic for content made piece by piece: `produce` writes the file through the writer,
+// which goes to disk while the rest is made instead of being held whole first; then the file is
+// fsynced and moved as WriteFileAtomic does. An error from `produce` is returned as it is, and
+// like any other leaves nothing under NAME and no temporary file.
+Status WriteFileAtomicWith(const std::string& path,
+                           const std::function<Status(AtomicFileWriter& file)>& produce,
+                           const AtomicWriteOptions& options = {});
 
 // Creates `dir` and any missing parents (mode 0755, less the umask); OK when it exists already.
 // `what` names the directory in messages ("cannot create capsule directory a/b: ..."). The codes

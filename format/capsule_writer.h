@@ -1,5 +1,5 @@
 // Writing capsules: EncodeCapsule (a pure function from message to bytes) and WriteCapsuleFile
-// (encode, then an atomic, fsynced write).
+// (the same bytes, encoded straight into an atomic, fsynced write).
 //
 // Encoding serializes the message deterministically, compresses it into one zstd frame with content
 // size and checksum, and seals it in the envelope with the digest and, when a key is given, an
@@ -38,6 +38,11 @@ struct WriteOptions {
   uint32_t optional_flags = 0;
   // Refuse to encode a message that fails ValidateCapsule (kInvalidArgument).
   bool validate = true;
+  // With `validate`, also recompute each embedded tensor's SHA-256 and refuse one that does not
+  // match its data: catches a writer that hashed the wrong bytes, at the cost of one more hash
+  // pass over all tensor bytes (as long as the payload's own digest). A caller that has just
+  // hashed the very bytes it embeds may turn it off.
+  bool verify_tensor_digests = true;
   // WriteCapsuleFile only: replace an existing regular file at PATH. Off by default, so a capsule
   // is never lost to a later one of the same name (kAlreadyExists instead); a target that is not
   // a regular file is refused either way (base/file_util.h).
@@ -46,8 +51,10 @@ struct WriteOptions {
 
 StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptions& options);
 
-// Encodes, then writes a temporary file next to PATH, fsyncs it, moves it to PATH and fsyncs the
-// directory (WriteFileAtomic): a crash never leaves a partial capsule under PATH.
+// Encodes into a temporary file next to PATH as it goes (the bytes EncodeCapsule makes, never
+// held whole in memory), fsyncs it, moves it to PATH and fsyncs the directory
+// (WriteFileAtomicWith): a crash never leaves a partial capsule under PATH. A capsule that fails
+// validation is refused before any file is made.
 Status WriteCapsuleFile(const std::string& path, const v1::Capsule& capsule,
                         const WriteOptions& options);
 

@@ -28,13 +28,21 @@ const char* SignatureStateName(SignatureState s) {
   return "unknown";
 }
 
-std::string SignedMessage(std::string_view header_bytes, std::string_view payload) {
+namespace {
+
+std::string SignedMessageOfDigest(std::string_view header_bytes, std::string_view payload_sha256) {
   std::string m;
   m.reserve(kSignatureDomain.size() + header_bytes.size() + kSha256Size);
   m.append(kSignatureDomain);
   m.append(header_bytes);
-  m.append(Sha256(payload));
+  m.append(payload_sha256);
   return m;
+}
+
+}  // namespace
+
+std::string SignedMessage(std::string_view header_bytes, std::string_view payload) {
+  return SignedMessageOfDigest(header_bytes, Sha256(payload));
 }
 
 size_t SealedHeaderSize(const SealOptions& options) {
@@ -42,12 +50,11 @@ size_t SealedHeaderSize(const SealOptions& options) {
                                                                     : kHeaderSizeV1;
 }
 
-Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
-                           const SealOptions& options) {
+StatusOr<SealedParts> SealEnvelopeParts(uint64_t payload_size, uint64_t uncompressed_size,
+                                        std::string_view payload_sha256,
+                                        const SealOptions& options) {
+  if (payload_sha256.size() != kSha256Size) return InternalError("seal: not a SHA-256 digest");
   const size_t header_size = SealedHeaderSize(options);
-  if (buffer->size() < header_size) return InternalError("seal: no room for the header");
-  std::string& out = *buffer;
-  const uint64_t payload_size = out.size() - header_size;
   std::string key_id(kSha256Size, '\0');
   std::optional<PublicKey> pub;
   if (options.signing_key != nullptr) {
@@ -55,21 +62,22 @@ Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
     key_id = pub->KeyId();
   }
   const bool embed = header_size == kHeaderSizeV1SignerKey;
-  std::memcpy(out.data(), kMagic.data(), kMagicSize);
-  StoreLe16(&out[kOffMajor], options.major);
-  StoreLe16(&out[kOffMinor], options.minor.value_or(embed ? 1 : 0));
-  StoreLe32(&out[kOffHeaderSize], static_cast<uint32_t>(header_size));
-  StoreLe32(&out[kOffRequiredFlags], options.required_flags);
-  StoreLe32(&out[kOffOptionalFlags],
-            options.optional_flags | (embed ? kOptionalFlagSignerKey : 0u));
-  StoreLe64(&out[kOffPayloadSize], payload_size);
-  StoreLe64(&out[kOffUncompressedSize], uncompressed_size);
-  StoreLe32(&out[kOffPayloadCodec], kPayloadCodecZstd);
-  StoreLe32(&out[kOffHeaderReserved], 0);
-  if (embed) std::memcpy(&out[kOffSignerKey], pub->raw().data(), kEd25519KeySize);
+  SealedParts parts;
+  std::string& h = parts.header;
+  h.assign(header_size, '\0');
+  std::memcpy(h.data(), kMagic.data(), kMagicSize);
+  StoreLe16(&h[kOffMajor], options.major);
+  StoreLe16(&h[kOffMinor], options.minor.value_or(embed ? 1 : 0));
+  StoreLe32(&h[kOffHeaderSize], static_cast<uint32_t>(header_size));
+  StoreLe32(&h[kOffRequiredFlags], options.required_flags);
+  StoreLe32(&h[kOffOptionalFlags], options.optional_flags | (embed ? kOptionalFlagSignerKey : 0u));
+  StoreLe64(&h[kOffPayloadSize], payload_size);
+  StoreLe64(&h[kOffUncompressedSize], uncompressed_size);
+  StoreLe32(&h[kOffPayloadCodec], kPayloadCodecZstd);
+  StoreLe32(&h[kOffHeaderReserved], 0);
+  if (embed) std::memcpy(&h[kOffSignerKey], pub->raw().data(), kEd25519KeySize);
 
-  const std::string_view view(out);
-  const std::string message = SignedMessage(view.substr(0, header_size), view.substr(header_size));
+  const std::string message = SignedMessageOfDigest(h, payload_sha256);
   std::string signature;
   uint16_t alg = kSigAlgNone;
   if (options.signing_key != nullptr) {
@@ -77,19 +85,32 @@ Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
     alg = kSigAlgEd25519;
   }
   const uint32_t trailer_size = static_cast<uint32_t>(kTrailerFixedSize + signature.size());
+  std::string& t = parts.trailer;
   char fixed[8];
   StoreLe16(fixed, alg);
   StoreLe16(fixed + 2, static_cast<uint16_t>(signature.size()));
   StoreLe32(fixed + 4, 0);
-  out.reserve(out.size() + trailer_size);
-  out.append(fixed, sizeof(fixed));
-  out.append(key_id);
-  out.append(Sha256(message));
-  out.append(signature);
+  t.reserve(trailer_size);
+  t.append(fixed, sizeof(fixed));
+  t.append(key_id);
+  t.append(Sha256(message));
+  t.append(signature);
   char tail[4];
   StoreLe32(tail, trailer_size);
-  out.append(tail, sizeof(tail));
-  out.append(kEndMagic);
+  t.append(tail, sizeof(tail));
+  t.append(kEndMagic);
+  return parts;
+}
+
+Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
+                           const SealOptions& options) {
+  const size_t header_size = SealedHeaderSize(options);
+  if (buffer->size() < header_size) return InternalError("seal: no room for the header");
+  const std::string_view payload = std::string_view(*buffer).substr(header_size);
+  CAPSULE_ASSIGN_OR_RETURN(SealedParts parts, SealEnvelopeParts(payload.size(), uncompressed_size,
+                                                                Sha256(payload), options));
+  buffer->replace(0, header_size, parts.header);
+  buffer->append(parts.trailer);
   return Status::Ok();
 }
 

@@ -86,6 +86,18 @@ StatusOr<std::string> SealEnvelope(std::string_view payload, uint64_t uncompress
 Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
                            const SealOptions& options);
 
+// The header and trailer that go around a payload the caller writes between them itself: for a
+// writer that streams the payload and hashed it as it went (`payload_sha256`, raw 32 bytes), so
+// the payload is not read again. A wrong size or digest makes a capsule every reader refuses as
+// corrupt.
+struct SealedParts {
+  std::string header;  // SealedHeaderSize(options) bytes
+  std::string trailer;
+};
+StatusOr<SealedParts> SealEnvelopeParts(uint64_t payload_size, uint64_t uncompressed_size,
+                                        std::string_view payload_sha256,
+                                        const SealOptions& options);
+
 struct OpenOptions {
   // Public keys whose signatures are accepted.
   std::vector<PublicKey> trusted_keys;

@@ -124,22 +124,35 @@ Status WireScanner::AddNumbers(uint64_t n) {
   return Status::Ok();
 }
 
-Status WireScanner::Advance(const char* chars, uint64_t available) {
+Status WireScanner::Advance(const char* data, uint64_t available) {
+  return Advance(data, 0, available);
+}
+
+Status WireScanner::Advance(const char* chars, uint64_t begin, uint64_t end) {
   if (!error_.ok() || done_) return error_;
-  const auto* data = reinterpret_cast<const uint8_t*>(chars);
-  available = std::min(available, total_);
+  const auto* window = reinterpret_cast<const uint8_t*>(chars);
+  end = std::min(end, total_);
+  if (pos_ < begin && (carry_at_ > pos_ || carry_at_ + carry_size_ < begin)) {
+    return error_ = InternalError("wire scan: a window skipped bytes it had not seen");
+  }
   for (;;) {
     if (in_packed_) {
       // One varint ends at each byte below 0x80.
-      const uint64_t stop = std::min(packed_end_, available);
+      const uint64_t stop = std::min(packed_end_, end);
       uint64_t n = 0;
-      for (; pos_ < stop; ++pos_) {
-        if ((data[pos_] & 0x80) == 0) {
+      auto count = [&](uint8_t b) {
+        if ((b & 0x80) == 0) {
           ++n;
           packed_run_ = 0;
-        } else if (++packed_run_ >= 10) {
-          return error_ = Malformed();  // a varint longer than 10 bytes
+          return true;
         }
+        return ++packed_run_ < 10;  // a varint is at most 10 bytes
+      };
+      for (; pos_ < std::min(stop, begin); ++pos_) {
+        if (!count(carry_[pos_ - carry_at_])) return error_ = Malformed();
+      }
+      for (; pos_ < stop; ++pos_) {
+        if (!count(window[pos_ - begin])) return error_ = Malformed();
       }
       if (Status s = AddNumbers(n); !s.ok()) return error_ = s;
       if (pos_ < packed_end_) return Status::Ok();        // the rest has not arrived yet
@@ -157,15 +170,42 @@ Status WireScanner::Advance(const char* chars, uint64_t available) {
       continue;
     }
     // A field header lies within its message; wait until all of it (or the message's end) is in.
-    if (available < std::min(top.end, pos_ + kMaxHeader)) return Status::Ok();
-    if (Status s = Field(data, available); !s.ok()) return error_ = s;
+    if (pos_ >= end) return Status::Ok();
+    if (end < std::min(top.end, pos_ + kMaxHeader)) {
+      Carry(window, begin, end);
+      return Status::Ok();
+    }
+    const uint64_t have = std::min(end - pos_, kMaxHeader);
+    if (pos_ >= begin) {
+      if (Status s = Field(window + (pos_ - begin), have); !s.ok()) return error_ = s;
+      continue;
+    }
+    // The header started in the last window.
+    uint8_t joined[kMaxHeader];
+    for (uint64_t i = 0; i < have; ++i) {
+      const uint64_t at = pos_ + i;
+      joined[i] = at >= begin ? window[at - begin] : carry_[at - carry_at_];
+    }
+    if (Status s = Field(joined, have); !s.ok()) return error_ = s;
   }
 }
 
-Status WireScanner::Field(const uint8_t* data, uint64_t available) {
+void WireScanner::Carry(const uint8_t* window, uint64_t begin, uint64_t end) {
+  uint8_t kept[sizeof(carry_)];
+  const uint64_t n = end - pos_;  // < kMaxHeader
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t at = pos_ + i;
+    kept[i] = at >= begin ? window[at - begin] : carry_[at - carry_at_];
+  }
+  std::copy(kept, kept + n, carry_);
+  carry_at_ = pos_;
+  carry_size_ = n;
+}
+
+Status WireScanner::Field(const uint8_t* bytes, uint64_t have) {
   const Frame top = stack_.back();
-  const uint8_t* const start = data + pos_;
-  const uint8_t* const end = data + std::min(top.end, std::min(available, pos_ + kMaxHeader));
+  const uint8_t* const start = bytes;
+  const uint8_t* const end = bytes + std::min(top.end - pos_, std::min(have, kMaxHeader));
   const uint8_t* p = start;
   uint32_t number = 0, wire = 0;
   if (!ReadTag(&p, end, &number, &wire) || number == 0) return Malformed();

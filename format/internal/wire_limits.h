@@ -47,6 +47,11 @@ class WireScanner {
   // `data` holds the first `available` bytes of the payload (the same buffer, growing, on every
   // call). Scans as far as they allow; OK means "no limit broken so far".
   Status Advance(const char* data, uint64_t available);
+  // The same for a payload that passes through a window: `window` holds bytes [begin, end) of
+  // the payload, and each call's `begin` is the previous call's `end`. The few bytes of a field
+  // header cut by a window's end are kept here until the next window completes it, so the caller
+  // may reuse its buffer.
+  Status Advance(const char* window, uint64_t begin, uint64_t end);
   // After Advance saw all `total` bytes: OK when the message ended where it should.
   Status Finish() const;
 
@@ -58,7 +63,10 @@ class WireScanner {
     uint64_t end;    // of the message (of the enclosing one, for a group)
     uint32_t group;  // field number of the group
   };
-  Status Field(const uint8_t* data, uint64_t available);
+  // Judges the field whose header starts at pos_; `bytes` holds the `have` bytes from there.
+  Status Field(const uint8_t* bytes, uint64_t have);
+  // Keeps bytes [pos_, end) (part of a field header) for the next window.
+  void Carry(const uint8_t* window, uint64_t begin, uint64_t end);
   Status AddUnknown(uint64_t n);
   Status AddNumbers(uint64_t n);
 
@@ -73,6 +81,10 @@ class WireScanner {
   int packed_run_ = 0;  // continuation bytes of the varint being counted
   bool done_ = false;
   Status error_;
+  // Bytes [carry_at_, carry_at_ + carry_size_) of the payload, from before the current window.
+  uint8_t carry_[16] = {};
+  uint64_t carry_at_ = 0;
+  uint64_t carry_size_ = 0;
 };
 
 // The whole payload at once. `counts`, when given, receives the totals scanned.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 namespace capsule::internal {
 namespace {
@@ -17,6 +18,19 @@ struct DCtxDeleter {
 
 std::string ZstdError(size_t code) { return ZSTD_getErrorName(code); }
 
+// The parameters every capsule frame is made with: content size and checksum in the header.
+Status Configure(ZSTD_CCtx* cctx, const CompressOptions& options) {
+  size_t rc = ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, options.level);
+  if (!ZSTD_isError(rc)) rc = ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+  if (!ZSTD_isError(rc)) rc = ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 1);
+  if (!ZSTD_isError(rc) && options.workers > 0) {
+    // A libzstd built without threads rejects this; compressing in this thread is still correct.
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_nbWorkers, options.workers);
+  }
+  if (ZSTD_isError(rc)) return InvalidArgumentError("zstd: " + ZstdError(rc));
+  return Status::Ok();
+}
+
 }  // namespace
 
 size_t ZstdCompressBound(size_t size) { return ZSTD_compressBound(size); }
@@ -25,14 +39,7 @@ StatusOr<size_t> ZstdCompressInto(std::string_view data, char* out, size_t capac
                                   const CompressOptions& options) {
   std::unique_ptr<ZSTD_CCtx, CCtxDeleter> cctx(ZSTD_createCCtx());
   if (!cctx) return ResourceExhaustedError("zstd: cannot allocate a compression context");
-  size_t rc = ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, options.level);
-  if (!ZSTD_isError(rc)) rc = ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_checksumFlag, 1);
-  if (!ZSTD_isError(rc)) rc = ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_contentSizeFlag, 1);
-  if (!ZSTD_isError(rc) && options.workers > 0) {
-    // A libzstd built without threads rejects this; compressing in this thread is still correct.
-    ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_nbWorkers, options.workers);
-  }
-  if (ZSTD_isError(rc)) return InvalidArgumentError("zstd: " + ZstdError(rc));
+  CAPSULE_RETURN_IF_ERROR(Configure(cctx.get(), options));
   // compress2 writes the content size into the frame header since the whole input is known.
   const size_t n = ZSTD_compress2(cctx.get(), out, capacity, data.data(), data.size());
   if (ZSTD_isError(n)) return InternalError("zstd: compression failed: " + ZstdError(n));
@@ -127,29 +134,114 @@ StatusOr<std::string> ZstdDecompress(std::string_view frame, uint64_t expected_s
   return out;
 }
 
-Status ZstdDecompressInSteps(std::string_view frame, char* out, uint64_t expected_size,
-                             uint64_t max_size, uint64_t step,
-                             const std::function<Status(uint64_t done)>& progress) {
+struct ZstdFrameReader::Ctx {
+  std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx;
+  ZSTD_inBuffer in{};
+};
+
+ZstdFrameReader::ZstdFrameReader(std::string_view frame, uint64_t expected_size)
+    : ctx_(std::make_unique<Ctx>()), expected_size_(expected_size) {
+  ctx_->in = ZSTD_inBuffer{frame.data(), frame.size(), 0};
+}
+
+ZstdFrameReader::~ZstdFrameReader() = default;
+
+StatusOr<std::unique_ptr<ZstdFrameReader>> ZstdFrameReader::Open(std::string_view frame,
+                                                                 uint64_t expected_size,
+                                                                 uint64_t max_size) {
   CAPSULE_RETURN_IF_ERROR(ZstdCheckFrame(frame, expected_size, max_size));
-  std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx(ZSTD_createDCtx());
-  if (!dctx) return ResourceExhaustedError("zstd: cannot allocate a decompression context");
-  // Streaming keeps a window buffer of the frame's window size; ZstdCheckFrame bounded it.
-  ZSTD_DCtx_setParameter(dctx.get(), ZSTD_d_windowLogMax, 27);
-  ZSTD_inBuffer in{frame.data(), frame.size(), 0};
-  ZSTD_outBuffer o{out, 0, 0};
-  for (;;) {
-    o.size = static_cast<size_t>(std::min<uint64_t>(expected_size, o.pos + step));
+  std::unique_ptr<ZstdFrameReader> reader(new ZstdFrameReader(frame, expected_size));
+  reader->ctx_->dctx.reset(ZSTD_createDCtx());
+  if (!reader->ctx_->dctx) {
+    return ResourceExhaustedError("zstd: cannot allocate a decompression context");
+  }
+  // Streaming keeps a buffer of the frame's window size; ZstdCheckFrame bounded it, and the
+  // decoder holds to the same bound itself.
+  ZSTD_DCtx_setParameter(reader->ctx_->dctx.get(), ZSTD_d_windowLogMax, 27);
+  return reader;
+}
+
+StatusOr<size_t> ZstdFrameReader::Read(char* out, size_t capacity) {
+  if (done_) return size_t{0};
+  ZSTD_outBuffer o{out, capacity, 0};
+  ZSTD_inBuffer& in = ctx_->in;
+  while (o.pos < o.size) {
     const size_t in_before = in.pos, out_before = o.pos;
-    const size_t left = ZSTD_decompressStream(dctx.get(), &o, &in);
+    const size_t left = ZSTD_decompressStream(ctx_->dctx.get(), &o, &in);
     if (ZSTD_isError(left)) return DataLossError("corrupt payload: zstd: " + ZstdError(left));
-    CAPSULE_RETURN_IF_ERROR(progress(o.pos));
-    if (left == 0) break;  // the frame is complete and its checksum verified
+    if (left == 0) {  // the frame is complete and its checksum verified
+      done_ = true;
+      break;
+    }
     if (in.pos == in_before && o.pos == out_before) {
       return DataLossError("zstd frame is truncated or malformed");
     }
   }
-  if (o.pos != expected_size) return DataLossError("zstd frame decompressed to the wrong size");
-  return Status::Ok();
+  produced_ += o.pos;
+  if (produced_ > expected_size_ || (done_ && produced_ != expected_size_)) {
+    return DataLossError("zstd frame decompressed to the wrong size");
+  }
+  return o.pos;
+}
+
+struct ZstdFrameWriter::Ctx {
+  std::unique_ptr<ZSTD_CCtx, CCtxDeleter> cctx;
+  std::unique_ptr<char[]> out;
+  size_t out_size = 0;
+};
+
+ZstdFrameWriter::ZstdFrameWriter(uint64_t content_size, Sink sink)
+    : ctx_(std::make_unique<Ctx>()), content_size_(content_size), sink_(std::move(sink)) {}
+
+ZstdFrameWriter::~ZstdFrameWriter() = default;
+
+StatusOr<std::unique_ptr<ZstdFrameWriter>> ZstdFrameWriter::Start(uint64_t content_size,
+                                                                  const CompressOptions& options,
+                                                                  Sink sink) {
+  std::unique_ptr<ZstdFrameWriter> writer(new ZstdFrameWriter(content_size, std::move(sink)));
+  Ctx& ctx = *writer->ctx_;
+  ctx.cctx.reset(ZSTD_createCCtx());
+  if (!ctx.cctx) return ResourceExhaustedError("zstd: cannot allocate a compression context");
+  CAPSULE_RETURN_IF_ERROR(Configure(ctx.cctx.get(), options));
+  // The pledged size goes into the frame header, as compress2 writes the size it was given, and
+  // sizes the window as compress2 sizes it.
+  const size_t rc = ZSTD_CCtx_setPledgedSrcSize(ctx.cctx.get(), content_size);
+  if (ZSTD_isError(rc)) return InvalidArgumentError("zstd: " + ZstdError(rc));
+  // Room for a whole compressed block: zstd then writes each block here directly.
+  ctx.out_size = ZSTD_CStreamOutSize();
+  ctx.out.reset(new char[ctx.out_size]);
+  return writer;
+}
+
+Status ZstdFrameWriter::Drive(std::string_view data, bool end) {
+  ZSTD_inBuffer in{data.data(), data.size(), 0};
+  for (;;) {
+    ZSTD_outBuffer o{ctx_->out.get(), ctx_->out_size, 0};
+    const size_t left =
+        ZSTD_compressStream2(ctx_->cctx.get(), &o, &in, end ? ZSTD_e_end : ZSTD_e_continue);
+    if (ZSTD_isError(left)) return InternalError("zstd: compression failed: " + ZstdError(left));
+    if (o.pos > 0) CAPSULE_RETURN_IF_ERROR(sink_(std::string_view(ctx_->out.get(), o.pos)));
+    if (end ? left == 0 : in.pos == in.size) {
+      ended_ = end;
+      return Status::Ok();
+    }
+  }
+}
+
+Status ZstdFrameWriter::Write(std::string_view data) {
+  if (data.empty()) return Status::Ok();
+  if (data.size() > content_size_ - consumed_) {
+    return InternalError("zstd: more bytes than the frame declares");
+  }
+  consumed_ += data.size();
+  // The last bytes end the frame in the same call, as compress2 ends it: otherwise a payload of a
+  // whole number of blocks would end in an empty last block of its own.
+  return Drive(data, /*end=*/consumed_ == content_size_);
+}
+
+Status ZstdFrameWriter::Finish() {
+  if (consumed_ != content_size_) return InternalError("zstd: fewer bytes than the frame declares");
+  return ended_ ? Status::Ok() : Drive(std::string_view(), /*end=*/true);
 }
 
 std::string ZstdVersion() { return ZSTD_versionString(); }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -53,13 +54,62 @@ Status ZstdCheckFrame(std::string_view frame, uint64_t expected_size, uint64_t m
 Status ZstdDecompressInto(std::string_view frame, char* out, uint64_t expected_size,
                           uint64_t max_size);
 
-// The same, in steps: decompresses about `step` bytes at a time into `out` and calls
-// `progress(done)` after each step with the number of bytes now in `out`. An error from
-// `progress` stops the decompression and is returned, so a caller that judges the bytes as they
-// arrive never pays for the rest of a payload it refuses.
-Status ZstdDecompressInSteps(std::string_view frame, char* out, uint64_t expected_size,
-                             uint64_t max_size, uint64_t step,
-                             const std::function<Status(uint64_t done)>& progress);
+// Decompresses one frame in pieces into a caller's buffer, so a payload of any size passes
+// through a window of fixed size and is never held whole:
+//
+//   CAPSULE_ASSIGN_OR_RETURN(auto reader, ZstdFrameReader::Open(frame, size, max_size));
+//   while (!reader->done()) { CAPSULE_ASSIGN_OR_RETURN(size_t n, reader->Read(buf, cap)); ... }
+class ZstdFrameReader {
+ public:
+  // Runs ZstdCheckFrame first, so nothing is allocated for a frame it refuses.
+  static StatusOr<std::unique_ptr<ZstdFrameReader>> Open(std::string_view frame,
+                                                         uint64_t expected_size, uint64_t max_size);
+  ~ZstdFrameReader();
+
+  // Decompresses up to `capacity` bytes into `out` and returns how many; fewer only at the end.
+  // 0 once done(). kDataLoss for a corrupt frame, a checksum mismatch or a wrong size.
+  StatusOr<size_t> Read(char* out, size_t capacity);
+  // The frame is complete, its checksum verified and its size the declared one.
+  bool done() const { return done_; }
+  uint64_t produced() const { return produced_; }
+
+ private:
+  ZstdFrameReader(std::string_view frame, uint64_t expected_size);
+  struct Ctx;
+  std::unique_ptr<Ctx> ctx_;
+  const uint64_t expected_size_;
+  uint64_t produced_ = 0;
+  bool done_ = false;
+};
+
+// Compresses one frame from pieces and hands the frame to `sink` in pieces of at most about
+// 128 KiB as it is made. The frame declares `content_size`; the piece that completes it ends the
+// frame, and Finish checks that one did. The bytes do not depend on how the input is cut. Up to
+// zstd's window (512 KiB and more) they are the bytes ZstdCompress makes of the pieces joined;
+// past it they may differ by a few matches, since zstd then compresses from its own buffer
+// rather than from the whole input at once.
+class ZstdFrameWriter {
+ public:
+  using Sink = std::function<Status(std::string_view piece)>;
+  static StatusOr<std::unique_ptr<ZstdFrameWriter>> Start(uint64_t content_size,
+                                                          const CompressOptions& options,
+                                                          Sink sink);
+  ~ZstdFrameWriter();
+
+  Status Write(std::string_view data);
+  // Ends the frame (kInternal when the pieces did not add up to `content_size`).
+  Status Finish();
+
+ private:
+  ZstdFrameWriter(uint64_t content_size, Sink sink);
+  Status Drive(std::string_view data, bool end);
+  struct Ctx;
+  std::unique_ptr<Ctx> ctx_;
+  const uint64_t content_size_;
+  uint64_t consumed_ = 0;
+  bool ended_ = false;
+  Sink sink_;
+};
 
 std::string ZstdVersion();
 

@@ -301,6 +301,36 @@ TEST_F(FileUtilTest, FileSizeLimitMessage) {
   EXPECT_EQ(WEXITSTATUS(wstatus), 0);
 }
 
+TEST_F(FileUtilTest, WriteFileAtomicWithWritesWhatTheProducerWrote) {
+  const std::string path = Path("made.bin");
+  ASSERT_TRUE(WriteFileAtomicWith(path, [](AtomicFileWriter& f) {
+                Status s = f.Append("....head");
+                if (s.ok()) s = f.Append(std::string(100000, 'b'));
+                if (s.ok()) s = f.WriteAt(0, "HEAD");
+                return s.ok() ? f.Append("tail") : s;
+              }).ok());
+  EXPECT_EQ(ReadAll(path), "HEADhead" + std::string(100000, 'b') + "tail");
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"made.bin"});
+}
+
+TEST_F(FileUtilTest, AProducerErrorLeavesNothing) {
+  const std::string path = Path("failed.bin");
+  EXPECT_TRUE(HasError(WriteFileAtomicWith(path,
+                                           [](AtomicFileWriter& f) {
+                                             Status s = f.Append(std::string(100000, 'x'));
+                                             return s.ok() ? DataLossError("made up") : s;
+                                           }),
+                       StatusCode::kDataLoss, "made up"));
+  EXPECT_TRUE(Entries(dir_.path()).empty());
+  // An existing file is kept whatever the producer does.
+  ASSERT_TRUE(WriteFileAtomic(path, "old").ok());
+  EXPECT_FALSE(WriteFileAtomicWith(
+                   path, [](AtomicFileWriter&) { return InternalError("no"); }, Overwrite())
+                   .ok());
+  EXPECT_EQ(ReadAll(path), "old");
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"failed.bin"});
+}
+
 TEST_F(FileUtilTest, SameFileComparesDeviceAndInode) {
   const std::string a = Path("a");
   const std::string b = Path("b");
@@ -416,6 +446,34 @@ TEST_F(CapsuleFileTest, InvalidCapsuleIsNotWritten) {
   c.clear_step();
   EXPECT_TRUE(HasError(WriteCapsuleFile(path, c, WriteOptions()), StatusCode::kInvalidArgument,
                        "refusing to write an invalid capsule: step: must be set"));
+  EXPECT_TRUE(Entries(dir_.path()).empty());
+}
+
+// WriteCapsuleFile streams the capsule to disk as it is encoded: the file holds the bytes
+// EncodeCapsule makes, header (written last) included, whatever the size.
+TEST_F(CapsuleFileTest, AStreamedCapsuleIsTheEncodedOne) {
+  v1::Capsule c = MakeFullCapsule();
+  for (int i = 0; i < 3; ++i) {
+    const std::string data = Incompressible((size_t{1} << 20) + 4096 * i);
+    SetTensor(c.add_tensors(), "big" + std::to_string(i), v1::UINT8,
+              {static_cast<int64_t>(data.size())}, data);
+  }
+  const std::string path = dir_.path() + "/streamed.capsule";
+  WriteOptions w;
+  w.signing_key = &key_;
+  ASSERT_TRUE(WriteCapsuleFile(path, c, w).ok());
+  EXPECT_EQ(ReadAll(path), EncodeSigned(c));
+  EXPECT_TRUE(ReadCapsuleFile(path, Strict()).ok());
+  EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"streamed.capsule"});
+}
+
+TEST_F(CapsuleFileTest, ACapsuleRefusedWhileStreamingLeavesNothing) {
+  // Over a wire limit: found only while the capsule is written, after its file was created.
+  v1::Capsule c = MakeMinimalCapsule();
+  c.mutable_log()->add_lines(std::string((size_t{16} << 20) + 1, 'l'));
+  const std::string path = dir_.path() + "/refused.capsule";
+  EXPECT_TRUE(HasError(WriteCapsuleFile(path, c, WriteOptions()), StatusCode::kResourceExhausted,
+                       "refusing to write a capsule readers refuse"));
   EXPECT_TRUE(Entries(dir_.path()).empty());
 }
 

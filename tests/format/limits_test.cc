@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -310,6 +311,86 @@ TEST_F(LimitsTest, MalformedWireIsDataLossAndProtobufAgrees) {
     EXPECT_TRUE(HasError(DecodeCapsule(Sealed(bad), Strict()), StatusCode::kDataLoss,
                          "not a capsule.v1.Capsule message"));
   }
+}
+
+// The wire pass over `wire` as the reader runs it: through one window of `piece` bytes, reused
+// (and scribbled over) for each next piece, so a header cut by a window's end must be kept by the
+// scanner, never read again from the window.
+Status ScanThroughWindow(std::string_view wire, const ContentLimits& limits, size_t piece,
+                         WireCounts* counts) {
+  internal::WireScanner scanner(limits, wire.size());
+  std::string window(piece, '\0');
+  Status s;
+  for (size_t begin = 0; s.ok() && begin < wire.size(); begin += piece) {
+    std::fill(window.begin(), window.end(), '\xee');
+    const size_t n = std::min(piece, wire.size() - begin);
+    std::copy_n(wire.data() + begin, n, window.begin());
+    s = scanner.Advance(window.data(), begin, begin + n);
+  }
+  if (wire.empty()) s = scanner.Advance(window.data(), 0, 0);
+  if (s.ok()) s = scanner.Finish();
+  *counts = scanner.counts();
+  return s;
+}
+
+TEST_F(LimitsTest, TheWirePassGivesOneVerdictWhateverTheWindow) {
+  const std::string base = MinimalWire();
+  std::string lines;
+  for (int i = 0; i < 11; ++i) lines += Len(1, "x");
+  const std::string packed = Len(6, Len(1, Len(2, std::string(40, '\x01') + "\x81\x01")));
+  // A tag and a length of several bytes each, so windows cut headers at every offset.
+  const std::string wide = Tag(100000, 2) + Varint(300) + std::string(300, 'w');
+  const std::string cases[] = {
+      SerializeDeterministic(MakeFullCapsule()),
+      base,
+      base + wide + packed + wide,
+      base + Len(13, lines),
+      base + Len(100, std::string(98, 'x')),
+      base + Len(3, std::string(11, 'r')),
+      base + Tag(100, 3) + Tag(1, 0) + Varint(5) + wide + Tag(100, 4),
+      base + Tag(100, 2) + Varint(50) + "short",
+      base + Tag(100, 0) + std::string(11, '\xff'),
+      base + Len(6, Len(1, Len(2, std::string("\x81", 1)))),
+      base + Len(13, Tag(100, 2) + Varint(9)),
+  };
+  for (const std::string& wire : cases) {
+    WireCounts whole_counts;
+    const Status whole = CheckWireLimits(wire, Small().limits, &whole_counts);
+    for (size_t piece :
+         {size_t{1}, size_t{2}, size_t{7}, size_t{14}, size_t{15}, size_t{16}, size_t{4096}}) {
+      WireCounts counts;
+      const Status windowed = ScanThroughWindow(wire, Small().limits, piece, &counts);
+      EXPECT_EQ(windowed.code(), whole.code()) << piece << ": " << windowed << " vs " << whole;
+      EXPECT_EQ(windowed.message(), whole.message()) << piece;
+      EXPECT_EQ(counts.unknown_field_bytes, whole_counts.unknown_field_bytes) << piece;
+      EXPECT_EQ(counts.messages, whole_counts.messages) << piece;
+      EXPECT_EQ(counts.repeated_strings, whole_counts.repeated_strings) << piece;
+      EXPECT_EQ(counts.repeated_numbers, whole_counts.repeated_numbers) << piece;
+    }
+  }
+}
+
+// The reader decompresses, scans and parses a window at a time, so protobuf may refuse bytes
+// before the rest is decompressed; the codes still come in FORMAT.md's order. A string that is
+// not UTF-8 (protobuf refuses it; the wire pass counts only lengths) in the first window, then
+// over a window of padding, a limit broken or a zstd checksum that fails: those are reported.
+TEST_F(LimitsTest, ALaterLimitOrChecksumOutranksAnEarlierParseFailure) {
+  const std::string not_utf8 = Len(3, std::string("\xc0\x80", 2));
+  const std::string padding = Len(
+      8, Len(1, Len(1, "pad") + Tag(2, 0) + Varint(3) + Len(5, Incompressible(size_t{3} << 20))));
+  v1::Capsule parsed;
+  ASSERT_FALSE(parsed.ParseFromString(MinimalWire() + not_utf8));
+  EXPECT_TRUE(HasError(DecodeCapsule(Sealed(MinimalWire() + not_utf8 + padding), Strict()),
+                       StatusCode::kDataLoss, "not a capsule.v1.Capsule message"));
+  EXPECT_TRUE(HasError(
+      DecodeCapsule(Sealed(MinimalWire() + not_utf8 + padding + Len(100, std::string(98, 'x'))),
+                    Small()),
+      StatusCode::kResourceExhausted, "fields this reader does not know"));
+  const std::string wire = MinimalWire() + not_utf8 + padding;
+  std::string frame = OrDie(internal::ZstdCompress(wire, internal::CompressOptions()));
+  frame.back() = static_cast<char>(frame.back() ^ 1);  // the content checksum
+  EXPECT_TRUE(HasError(DecodeCapsule(SealedFrame(frame, wire.size()), Strict()),
+                       StatusCode::kDataLoss, "corrupt payload: zstd"));
 }
 
 TEST_F(LimitsTest, TheWriterRefusesWhatTheReaderWould) {

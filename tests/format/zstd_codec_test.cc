@@ -102,6 +102,121 @@ TEST(ZstdCodecTest, BadLevelIsInvalidArgument) {
   }
 }
 
+// `data` through a ZstdFrameWriter in pieces of `piece` bytes, the frame collected from its sink.
+std::string StreamedFrame(std::string_view data, size_t piece, const internal::CompressOptions& o) {
+  std::string frame;
+  auto writer = OrDie(internal::ZstdFrameWriter::Start(data.size(), o, [&](std::string_view p) {
+    EXPECT_LE(p.size(), ZSTD_CStreamOutSize());
+    frame.append(p);
+    return Status::Ok();
+  }));
+  for (size_t at = 0; at < data.size(); at += piece) {
+    EXPECT_TRUE(writer->Write(data.substr(at, piece)).ok());
+  }
+  EXPECT_TRUE(writer->Finish().ok());
+  return frame;
+}
+
+// Repeats and noise in turns, so the frame holds compressed, raw and RLE blocks.
+std::string Mixed(size_t n) {
+  std::string data;
+  while (data.size() < n) {
+    data += Incompressible(70000 + data.size() % 9000);
+    data += std::string(50000, static_cast<char>(data.size()));
+    for (int i = 0; i < 4000; ++i) data += "layer " + std::to_string(i % 97) + " ";
+  }
+  data.resize(n);
+  return data;
+}
+
+// The writer streams the frame; the golden samples and every capsule written before were made by
+// ZSTD_compress2 of the whole message. Within zstd's window (every golden sample) the bytes must
+// not depend on which; past it they may, by a few matches. At any size they must not depend on
+// how the input is cut, or encoding would not be deterministic.
+TEST(ZstdFrameWriterTest, MakesTheFrameZstdCompressMakesWhateverThePieces) {
+  const std::string big = Mixed(size_t{5} << 20);  // a whole number of 128 KiB blocks
+  for (int level : {-1, 1, 3}) {
+    internal::CompressOptions o;
+    o.level = level;
+    for (std::string_view data :
+         {std::string_view(), std::string_view("abc"), std::string_view(big).substr(0, 131072),
+          std::string_view(big).substr(0, 300000), std::string_view(big)}) {
+      const std::string first = StreamedFrame(data, std::max<size_t>(data.size(), 1), o);
+      if (data.size() <= 300000) {
+        EXPECT_TRUE(first == OrDie(internal::ZstdCompress(data, o)))
+            << "level " << level << ", " << data.size() << " bytes";
+      }
+      EXPECT_EQ(OrDie(internal::ZstdDecompress(first, data.size(), data.size())), data);
+      for (size_t piece : {size_t{7}, size_t{4096}, size_t{65536}, size_t{1} << 20}) {
+        if (piece >= data.size() || (piece < 4096 && data.size() > 300000)) continue;
+        EXPECT_TRUE(StreamedFrame(data, piece, o) == first)
+            << "level " << level << ", " << data.size() << " bytes in pieces of " << piece;
+      }
+    }
+  }
+}
+
+TEST(ZstdFrameWriterTest, RefusesMoreOrFewerBytesThanItDeclared) {
+  auto sink = [](std::string_view) { return Status::Ok(); };
+  auto more = OrDie(internal::ZstdFrameWriter::Start(3, internal::CompressOptions(), sink));
+  EXPECT_TRUE(more->Write("ab").ok());
+  EXPECT_TRUE(HasError(more->Write("cd"), StatusCode::kInternal, "more bytes than the frame"));
+  auto fewer = OrDie(internal::ZstdFrameWriter::Start(3, internal::CompressOptions(), sink));
+  EXPECT_TRUE(fewer->Write("ab").ok());
+  EXPECT_TRUE(HasError(fewer->Finish(), StatusCode::kInternal, "fewer bytes than the frame"));
+}
+
+TEST(ZstdFrameWriterTest, ASinkErrorStopsTheFrame) {
+  auto writer = OrDie(internal::ZstdFrameWriter::Start(
+      size_t{1} << 20, internal::CompressOptions(),
+      [](std::string_view) { return ResourceExhaustedError("disk full"); }));
+  const std::string data = Incompressible(size_t{1} << 20);
+  Status s = writer->Write(data);
+  if (s.ok()) s = writer->Finish();
+  EXPECT_TRUE(HasError(s, StatusCode::kResourceExhausted, "disk full"));
+}
+
+TEST(ZstdFrameReaderTest, ReadsAFrameThroughAnyWindow) {
+  const std::string data = Mixed(size_t{3} << 20);
+  const std::string frame = OrDie(internal::ZstdCompress(data, internal::CompressOptions()));
+  for (size_t window : {size_t{1}, size_t{1000}, size_t{131072}, size_t{1} << 20, data.size()}) {
+    if (window == 1) {  // a byte at a time: only the first 300 KB
+      auto reader = OrDie(internal::ZstdFrameReader::Open(frame, data.size(), data.size()));
+      char b = 0;
+      for (size_t i = 0; i < 300000; ++i) {
+        ASSERT_EQ(OrDie(reader->Read(&b, 1)), 1u);
+        ASSERT_EQ(b, data[i]) << i;
+      }
+      continue;
+    }
+    auto reader = OrDie(internal::ZstdFrameReader::Open(frame, data.size(), data.size()));
+    std::string back, buffer(window, '\0');
+    while (!reader->done()) {
+      const size_t n = OrDie(reader->Read(buffer.data(), buffer.size()));
+      ASSERT_TRUE(n == buffer.size() || reader->done()) << "a short read before the end";
+      back.append(buffer.data(), n);
+    }
+    EXPECT_EQ(back, data) << window;
+    EXPECT_EQ(reader->produced(), data.size());
+    EXPECT_EQ(OrDie(reader->Read(buffer.data(), buffer.size())), 0u);
+  }
+}
+
+TEST(ZstdFrameReaderTest, RefusesWhatZstdDecompressRefuses) {
+  const std::string data = Incompressible(200000);
+  std::string frame = OrDie(internal::ZstdCompress(data, internal::CompressOptions()));
+  EXPECT_TRUE(HasError(internal::ZstdFrameReader::Open(frame, data.size() - 1, data.size()),
+                       StatusCode::kDataLoss, "zstd frame declares 200000 bytes"));
+  EXPECT_TRUE(HasError(internal::ZstdFrameReader::Open(frame, data.size(), data.size() - 1),
+                       StatusCode::kResourceExhausted, "over the limit"));
+  frame.back() = static_cast<char>(frame.back() ^ 1);  // the content checksum
+  auto reader = OrDie(internal::ZstdFrameReader::Open(frame, data.size(), data.size()));
+  std::string buffer(65536, '\0');
+  Status s;
+  while (s.ok() && !reader->done()) s = reader->Read(buffer.data(), buffer.size()).status();
+  EXPECT_TRUE(HasError(s, StatusCode::kDataLoss, "corrupt payload: zstd"));
+}
+
 TEST(ZstdCodecTest, VersionIsReported) { EXPECT_EQ(internal::ZstdVersion(), ZSTD_versionString()); }
 
 TEST(ZstdBombTest, PledgedFrameDeclaresHundredGigabytes) {
