@@ -18,12 +18,24 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
+// GCC 12's AVX-512 intrinsics return their "undefined" vectors by initializing a variable from
+// itself (GCC bug 105593), which -Wuninitialized then reports wherever they are inlined.
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #define CAPSULE_HEALTH_STATS_X86 1
-// The library is built for baseline x86-64; only these functions use AVX2 and they run only after
-// a runtime CPU check, so no separate translation unit or global -mavx2 is needed.
+// The library is built for baseline x86-64; only these functions use AVX2 or AVX-512 and they run
+// only after a runtime CPU check, so no separate translation unit or global -mavx2 is needed.
 #define CAPSULE_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define CAPSULE_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+#define CAPSULE_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define CAPSULE_AVX512_INLINE __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
 #else
 #define CAPSULE_HEALTH_STATS_X86 0
 #endif
@@ -153,8 +165,23 @@ void ScaledSumsRun(const T* p, int64_t stride, int64_t n, double scale, Partial*
 
 #if CAPSULE_HEALTH_STATS_X86
 
-// Loaders give eight elements as float32 lanes (for min, max and the zero count) and widen them
-// to two vectors of four doubles (for the sums).
+// Loaders give eight (AVX2) or sixteen (AVX-512) elements as float32 lanes (for min, max and the
+// zero count) and widen them to two vectors of doubles (for the sums). Every conversion is exact.
+CAPSULE_AVX2_INLINE void WidenLanes(__m256 v, __m256d* lo, __m256d* hi) {
+  *lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+  *hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+}
+
+// +0 or -0, as the AVX2 kernel's compare counts them (a denormal too in flush-denormal mode).
+CAPSULE_AVX512_INLINE __mmask16 IsZeroLanes16(__m512 v) {
+  return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_EQ_OQ);
+}
+
+CAPSULE_AVX512_INLINE void WidenLanes16(__m512 v, __m512d* lo, __m512d* hi) {
+  *lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+  *hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
 struct LoadF32 {
   using T = float;
   static CAPSULE_AVX2_INLINE __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -163,12 +190,21 @@ struct LoadF32 {
     *lo = _mm256_cvtps_pd(_mm_loadu_ps(p));
     *hi = _mm256_cvtps_pd(_mm_loadu_ps(p + 4));
   }
+  static CAPSULE_AVX512_INLINE __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+  static CAPSULE_AVX512_INLINE __mmask16 IsZero16(__m512 v) { return IsZeroLanes16(v); }
+  // Straight from memory too (~15% faster than the extract on Zen 5 with GCC). clang 14 instead
+  // splits the second 8-float load into scalar inserts, so there it takes the lane extract.
+  static CAPSULE_AVX512_INLINE void Widen16(const float* p, __m512 v, __m512d* lo, __m512d* hi) {
+#if defined(__clang__)
+    (void)p;
+    WidenLanes16(v, lo, hi);
+#else
+    (void)v;
+    *lo = _mm512_cvtps_pd(_mm256_loadu_ps(p));
+    *hi = _mm512_cvtps_pd(_mm256_loadu_ps(p + 8));
+#endif
+  }
 };
-
-CAPSULE_AVX2_INLINE void WidenLanes(__m256 v, __m256d* lo, __m256d* hi) {
-  *lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
-  *hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
-}
 
 struct LoadBF16 {
   using T = c10::BFloat16;
@@ -180,6 +216,15 @@ struct LoadBF16 {
   static CAPSULE_AVX2_INLINE void Widen(const c10::BFloat16*, __m256 v, __m256d* lo, __m256d* hi) {
     WidenLanes(v, lo, hi);
   }
+  static CAPSULE_AVX512_INLINE __m512 Load16(const c10::BFloat16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static CAPSULE_AVX512_INLINE __mmask16 IsZero16(__m512 v) { return IsZeroLanes16(v); }
+  static CAPSULE_AVX512_INLINE void Widen16(const c10::BFloat16*, __m512 v, __m512d* lo,
+                                            __m512d* hi) {
+    WidenLanes16(v, lo, hi);
+  }
 };
 
 struct LoadF16 {
@@ -189,6 +234,17 @@ struct LoadF16 {
   }
   static CAPSULE_AVX2_INLINE void Widen(const c10::Half*, __m256 v, __m256d* lo, __m256d* hi) {
     WidenLanes(v, lo, hi);
+  }
+  static CAPSULE_AVX512_INLINE __m512 Load16(const c10::Half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // Widened float16 values are never denormal, so zero is all magnitude bits clear: the same
+  // count, and clang 14 otherwise folds the compare into one on float16 that it scalarizes.
+  static CAPSULE_AVX512_INLINE __mmask16 IsZero16(__m512 v) {
+    return _mm512_testn_epi32_mask(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+  }
+  static CAPSULE_AVX512_INLINE void Widen16(const c10::Half*, __m512 v, __m512d* lo, __m512d* hi) {
+    WidenLanes16(v, lo, hi);
   }
 };
 
@@ -211,6 +267,12 @@ CAPSULE_AVX2_INLINE double HorizontalSum(__m256d a, __m256d b, __m256d c, __m256
 // squares (four independent accumulators each, to hide the add/FMA latency); min, max and the
 // zero count stay in float lanes. No per-element branch and no masking: non-finite lanes simply
 // poison sumsq, and the caller rescans the run.
+//
+// Element j of every 16 goes to double lane j of the sums (s0 holds elements 0-3, s1 4-7, s2 8-11,
+// s3 12-15), the lanes are combined by HorizontalSum, and the tail of fewer than 16 elements is
+// added last. This order is the kernel's contract: replay compares captured statistics bit for
+// bit, so every vector kernel, on every CPU, must add in exactly this order, and pick the same
+// zero as this one when the minimum or maximum is a zero.
 //
 // Throughput is bound by the vector ports, not by memory: the float-to-double conversions compete
 // with the adds. Half of the sum accumulators therefore add through the FMA units (x * 1 + s, exact
@@ -277,6 +339,135 @@ CAPSULE_AVX2 RunSums VectorRunFloat(const typename L::T* p, int64_t n) {
   return r;
 }
 
+// The AVX2 kernel's minimum (kMax false) or maximum of elements [0, main_end) of a run, from the
+// 16 float lanes of VectorRunFloat512 (lane j: the extreme of elements j, j + 16, ...). AVX2 lane l
+// holds elements l and l + 8 of every 16, so its extreme has the value of 16-lane l or l + 8, and
+// the lane reduction keeps the lowest lane that has the overall extreme. Only a zero extreme has
+// two encodings: vminps and vmaxps keep their second operand on a tie, so an AVX2 lane whose
+// extreme is zero ends on the last zero it saw, which a walk back along that lane finds (in a
+// step or two unless zeros are rare). A denormal compares equal to zero in flush-denormal mode,
+// and vminps then returns a zero of its sign.
+template <bool kMax, typename T>
+float Avx2LaneExtreme(const float (&lanes16)[16], const T* p, int64_t main_end) {
+  auto pick = [](float a, float b) { return kMax ? std::max(a, b) : std::min(a, b); };
+  float lane[8];
+  for (int l = 0; l < 8; ++l) lane[l] = pick(lanes16[l], lanes16[l + 8]);
+  float extreme = lane[0];
+  for (int l = 0; l < 8; ++l) extreme = pick(extreme, lane[l]);
+  if (extreme != 0) return extreme;
+  for (int l = 0; l < 8; ++l) {
+    if (lane[l] != 0) continue;
+    for (int64_t k = main_end - 8 + l; k >= 0; k -= 8) {
+      const float v = static_cast<float>(p[k]);
+      if (v == 0) return std::copysign(0.0f, v);
+    }
+  }
+  return extreme;  // not reached: some lane saw the zero
+}
+
+// The AVX-512 form of VectorRunFloat, for CPUs that have it: the same 16 double lanes of sums,
+// each in a zmm pair (s_lo = AVX2's s0|s1, s_hi = s2|s3), so sum and sumsq are bit-identical to
+// the AVX2 kernel's, and so are min and max (see Avx2LaneExtreme); half the instructions make it
+// about 1.6x as fast on a single run.
+struct Lanes16 {
+  __m512d s_lo, s_hi, q_lo, q_hi;
+  __m512 mn, mx;
+  __m512i zeros;
+};
+
+CAPSULE_AVX512_INLINE Lanes16 StartLanes16() {
+  Lanes16 st;
+  st.s_lo = _mm512_setzero_pd();
+  st.s_hi = st.s_lo;
+  st.q_lo = st.s_lo;
+  st.q_hi = st.s_lo;
+  st.mn = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  st.mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  st.zeros = _mm512_setzero_si512();
+  return st;
+}
+
+template <class L>
+CAPSULE_AVX512_INLINE void Step16(const typename L::T* p, Lanes16* st) {
+  const __m512 v = L::Load16(p);
+  st->mn = _mm512_min_ps(st->mn, v);
+  st->mx = _mm512_max_ps(st->mx, v);
+  const __mmask16 is_zero = L::IsZero16(v);
+  st->zeros = _mm512_mask_add_epi32(st->zeros, is_zero, st->zeros, _mm512_set1_epi32(1));
+  __m512d lo, hi;
+  L::Widen16(p, v, &lo, &hi);
+  // Plain adds: x * 1 + s through the FMA units (as the AVX2 kernel does) rounds the same.
+  st->s_lo = _mm512_add_pd(st->s_lo, lo);
+  st->s_hi = _mm512_add_pd(st->s_hi, hi);
+  st->q_lo = _mm512_fmadd_pd(lo, lo, st->q_lo);
+  st->q_hi = _mm512_fmadd_pd(hi, hi, st->q_hi);
+}
+
+// Reduces the lanes and adds the tail p[i, n) as VectorRunFloat does.
+template <class L>
+CAPSULE_AVX512_INLINE RunSums FinishLanes16(const Lanes16& st, const typename L::T* p, int64_t i,
+                                            int64_t n) {
+  RunSums r;
+  r.sum = HorizontalSum(_mm512_castpd512_pd256(st.s_lo), _mm512_extractf64x4_pd(st.s_lo, 1),
+                        _mm512_castpd512_pd256(st.s_hi), _mm512_extractf64x4_pd(st.s_hi, 1));
+  r.sumsq = HorizontalSum(_mm512_castpd512_pd256(st.q_lo), _mm512_extractf64x4_pd(st.q_lo, 1),
+                          _mm512_castpd512_pd256(st.q_hi), _mm512_extractf64x4_pd(st.q_hi, 1));
+  alignas(64) float mn_lanes[16], mx_lanes[16];
+  _mm512_store_ps(mn_lanes, st.mn);
+  _mm512_store_ps(mx_lanes, st.mx);
+  float fmn = Avx2LaneExtreme<false>(mn_lanes, p, i);
+  float fmx = Avx2LaneExtreme<true>(mx_lanes, p, i);
+  r.zero = _mm512_reduce_add_epi32(st.zeros);
+  double tail_sum = 0, tail_sumsq = 0;
+  for (; i < n; ++i) {
+    const float v = static_cast<float>(p[i]);
+    const double d = v;
+    tail_sum += d;
+    tail_sumsq += d * d;
+    fmn = std::min(fmn, v);
+    fmx = std::max(fmx, v);
+    r.zero += v == 0;
+  }
+  r.sum += tail_sum;
+  r.sumsq += tail_sumsq;
+  r.min = fmn;
+  r.max = fmx;
+  return r;
+}
+
+template <class L>
+CAPSULE_AVX512 RunSums VectorRunFloat512(const typename L::T* p, int64_t n) {
+  Lanes16 st = StartLanes16();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    Prefetch(p + i, kPrefetchBytes);
+    Step16<L>(p + i, &st);
+  }
+  return FinishLanes16<L>(st, p, i, n);
+}
+
+// Two full chunks at once, each a contiguous run with its own lanes: the result for each is
+// exactly VectorRunFloat512's. One run alone is bound by the latency of the sumsq FMA chains (one
+// FMA per 16 elements on each); interleaving a second, independent run lets the core overlap them,
+// which makes the pair ~1.3x as fast as two single runs.
+template <class L>
+CAPSULE_AVX512 void VectorRunPairFloat512(const typename L::T* p0, const typename L::T* p1,
+                                          RunSums* r0, RunSums* r1) {
+  constexpr int64_t n = kChunkElements;
+  static_assert(n % 16 == 0, "a chunk leaves no tail");
+  Lanes16 st0 = StartLanes16();
+  Lanes16 st1 = StartLanes16();
+  int64_t i = 0;
+  for (; i < n; i += 16) {
+    Prefetch(p0 + i, kPrefetchBytes);
+    Prefetch(p1 + i, kPrefetchBytes);
+    Step16<L>(p0 + i, &st0);
+    Step16<L>(p1 + i, &st1);
+  }
+  *r0 = FinishLanes16<L>(st0, p0, i, n);
+  *r1 = FinishLanes16<L>(st1, p1, i, n);
+}
+
 CAPSULE_AVX2 RunSums VectorRunDouble(const double* p, int64_t n) {
   const __m256d zero_d = _mm256_setzero_pd();
   __m256d s0 = zero_d, s1 = zero_d, s2 = zero_d, s3 = zero_d;
@@ -337,26 +528,57 @@ CAPSULE_AVX2 RunSums VectorRunDouble(const double* p, int64_t n) {
   return r;
 }
 
-RunSums VectorRun(const float* p, int64_t n) { return VectorRunFloat<LoadF32>(p, n); }
-RunSums VectorRun(const c10::BFloat16* p, int64_t n) { return VectorRunFloat<LoadBF16>(p, n); }
-RunSums VectorRun(const c10::Half* p, int64_t n) { return VectorRunFloat<LoadF16>(p, n); }
+enum class VectorIsa { kNone, kAvx2, kAvx512 };
+
+VectorIsa CpuVectorIsa() {
+  static const VectorIsa isa = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return VectorIsa::kNone;
+    // clang's __builtin_cpu_supports does not know "f16c": ask CPUID leaf 1 directly. AVX2 above
+    // already implies the OS saves the YMM state F16C needs.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & bit_F16C) == 0) return VectorIsa::kNone;
+    // Also true only when the OS saves the ZMM and mask registers.
+    return __builtin_cpu_supports("avx512f") ? VectorIsa::kAvx512 : VectorIsa::kAvx2;
+  }();
+  return isa;
+}
+
+bool CpuHasVectorKernel() { return CpuVectorIsa() != VectorIsa::kNone; }
+
+template <class L>
+RunSums VectorRunFloatDispatch(const typename L::T* p, int64_t n) {
+  return CpuVectorIsa() == VectorIsa::kAvx512 ? VectorRunFloat512<L>(p, n)
+                                              : VectorRunFloat<L>(p, n);
+}
+
+RunSums VectorRun(const float* p, int64_t n) { return VectorRunFloatDispatch<LoadF32>(p, n); }
+RunSums VectorRun(const c10::BFloat16* p, int64_t n) {
+  return VectorRunFloatDispatch<LoadBF16>(p, n);
+}
+RunSums VectorRun(const c10::Half* p, int64_t n) { return VectorRunFloatDispatch<LoadF16>(p, n); }
 RunSums VectorRun(const double* p, int64_t n) { return VectorRunDouble(p, n); }
+
+void VectorRunPair(const float* p0, const float* p1, RunSums* r0, RunSums* r1) {
+  VectorRunPairFloat512<LoadF32>(p0, p1, r0, r1);
+}
+void VectorRunPair(const c10::BFloat16* p0, const c10::BFloat16* p1, RunSums* r0, RunSums* r1) {
+  VectorRunPairFloat512<LoadBF16>(p0, p1, r0, r1);
+}
+void VectorRunPair(const c10::Half* p0, const c10::Half* p1, RunSums* r0, RunSums* r1) {
+  VectorRunPairFloat512<LoadF16>(p0, p1, r0, r1);
+}
 
 template <typename T>
 constexpr bool kHasVectorRun = std::is_same_v<T, float> || std::is_same_v<T, double> ||
                                std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+template <typename T>
+constexpr bool kHasVectorRunPair =
+    std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
 
-bool CpuHasVectorKernel() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return false;
-    // clang's __builtin_cpu_supports does not know "f16c": ask CPUID leaf 1 directly. AVX2 above
-    // already implies the OS saves the YMM state F16C needs.
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-  }();
-  return has;
-}
+// VectorRunPair needs AVX-512; the AVX2 kernel is bound by instruction throughput, not latency, so
+// interleaving two runs would not help it anyway.
+bool CpuHasVectorRunPair() { return CpuVectorIsa() == VectorIsa::kAvx512; }
 
 #else  // !CAPSULE_HEALTH_STATS_X86
 
@@ -366,13 +588,30 @@ template <typename T>
 RunSums VectorRun(const T*, int64_t) {
   return RunSums();
 }
+template <typename T>
+constexpr bool kHasVectorRunPair = false;
+template <typename T>
+void VectorRunPair(const T*, const T*, RunSums*, RunSums*) {}
 bool CpuHasVectorKernel() { return false; }
+bool CpuHasVectorRunPair() { return false; }
 
 #endif  // CAPSULE_HEALTH_STATS_X86
 
 // Strided runs are copied into a buffer of this many elements so the vector kernel can read them;
 // 512 keeps the buffer in L1 and the per-piece reductions negligible.
 constexpr int64_t kGatherElements = 512;
+
+// Adds a contiguous run's vector-kernel result. A non-finite element (or an overflowing float64
+// square) poisons sumsq: then the run is rescanned exactly.
+template <typename T>
+void AddVectorRun(const RunSums& r, const T* p, int64_t n, int64_t base, int64_t lstride,
+                  Partial* acc) {
+  if (std::isfinite(r.sumsq)) {
+    AddFiniteRun(r, n, acc);
+  } else {
+    ClassifyRun(p, 1, n, base, lstride, acc);
+  }
+}
 
 // Reduces `n` elements `stride` apart starting at `p`; element i has logical index
 // base + i * lstride (lstride > 0, so the first non-finite element of a run is its lowest index).
@@ -382,13 +621,7 @@ void ScanRun(const T* p, int64_t stride, int64_t n, int64_t base, int64_t lstrid
   if constexpr (kHasVectorRun<T>) {
     if (vectorize && n >= kMinVectorRun) {
       if (stride == 1) {
-        const RunSums r = VectorRun(p, n);
-        // A non-finite element (or an overflowing float64 square) poisons sumsq: rescan exactly.
-        if (std::isfinite(r.sumsq)) {
-          AddFiniteRun(r, n, acc);
-        } else {
-          ClassifyRun(p, 1, n, base, lstride, acc);
-        }
+        AddVectorRun(VectorRun(p, n), p, n, base, lstride, acc);
         return;
       }
       alignas(32) T buffer[kGatherElements];
@@ -506,20 +739,17 @@ void ForEachRun(const T* data, const Geometry& g, int64_t begin, int64_t end, co
 }
 
 // Reduces every chunk into its own Partial, in parallel; chunk c covers walk positions
-// [c * kChunkElements, (c + 1) * kChunkElements). With LibTorch's OpenMP backend,
-// at::parallel_for is a header template that forks only in a translation unit compiled with
-// OpenMP (-fopenmp, which probe/CMakeLists.txt sets for this file); built without it, the loop
-// runs on the calling thread, with the same result.
-template <typename ChunkFn>
-std::vector<Partial> ForEachChunk(int64_t numel, const ChunkFn& chunk_fn) {
+// [c * kChunkElements, (c + 1) * kChunkElements) and goes to parts[c]. range_fn(first, last, parts)
+// reduces chunks [first, last), which the thread pool hands out in ranges whose bounds depend on
+// the thread count, so each chunk's Partial must not depend on the range. With LibTorch's OpenMP
+// backend, at::parallel_for is a header template that forks only in a translation unit compiled
+// with OpenMP (-fopenmp, which probe/CMakeLists.txt sets for this file); built without it, the
+// loop runs on the calling thread, with the same result.
+template <typename RangeFn>
+std::vector<Partial> ForEachChunkRange(int64_t numel, const RangeFn& range_fn) {
   const int64_t chunks = (numel + kChunkElements - 1) / kChunkElements;
   std::vector<Partial> parts(static_cast<size_t>(chunks));
-  auto reduce = [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) {
-      const int64_t begin = c * kChunkElements;
-      chunk_fn(begin, std::min(numel, begin + kChunkElements), &parts[static_cast<size_t>(c)]);
-    }
-  };
+  auto reduce = [&](int64_t first, int64_t last) { range_fn(first, last, parts.data()); };
   if (chunks == 1) {
     reduce(0, 1);  // skip the thread pool's fork/join for small tensors
   } else {
@@ -528,18 +758,52 @@ std::vector<Partial> ForEachChunk(int64_t numel, const ChunkFn& chunk_fn) {
   return parts;
 }
 
+// The same, one chunk at a time: chunk_fn(begin, end, acc) reduces walk positions [begin, end).
+template <typename ChunkFn>
+std::vector<Partial> ForEachChunk(int64_t numel, const ChunkFn& chunk_fn) {
+  return ForEachChunkRange(numel, [&](int64_t first, int64_t last, Partial* parts) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t begin = c * kChunkElements;
+      chunk_fn(begin, std::min(numel, begin + kChunkElements), &parts[c]);
+    }
+  });
+}
+
 template <typename T>
 HealthStats ComputeTyped(const at::Tensor& t, bool vectorize) {
   const T* data = static_cast<const T*>(t.data_ptr());
   const Geometry g = MakeGeometry(t);
   vectorize = vectorize && kHasVectorRun<T> && CpuHasVectorKernel();
+  // A walk that is a single contiguous run (every contiguous tensor) has one run per chunk; then a
+  // thread reduces its full chunks two at a time with VectorRunPair where the CPU has it. Each
+  // chunk's Partial is the same as when it is reduced alone, so the pairing, which shifts with the
+  // thread pool's ranges, cannot change the result.
+  const bool pair_chunks = kHasVectorRunPair<T> && vectorize && g.sizes.size() == 1 &&
+                           g.strides[0] == 1 && CpuHasVectorRunPair();
 
   std::vector<Partial> parts =
-      ForEachChunk(g.walk_numel, [&](int64_t begin, int64_t end, Partial* acc) {
-        ForEachRun(data, g, begin, end,
-                   [&](const T* p, int64_t stride, int64_t n, int64_t base, int64_t lstride) {
-                     ScanRun(p, stride, n, base, lstride, vectorize, acc);
-                   });
+      ForEachChunkRange(g.walk_numel, [&](int64_t first, int64_t last, Partial* out) {
+        int64_t c = first;
+        if constexpr (kHasVectorRunPair<T>) {
+          const int64_t lstride = g.lstrides[0];
+          for (; pair_chunks && c + 2 <= last && (c + 2) * kChunkElements <= g.walk_numel; c += 2) {
+            const int64_t begin = c * kChunkElements;
+            const T* p0 = data + begin;
+            const T* p1 = p0 + kChunkElements;
+            RunSums r0, r1;
+            VectorRunPair(p0, p1, &r0, &r1);
+            AddVectorRun(r0, p0, kChunkElements, begin * lstride, lstride, &out[c]);
+            AddVectorRun(r1, p1, kChunkElements, (begin + kChunkElements) * lstride, lstride,
+                         &out[c + 1]);
+          }
+        }
+        for (; c < last; ++c) {
+          const int64_t begin = c * kChunkElements;
+          ForEachRun(data, g, begin, std::min(g.walk_numel, begin + kChunkElements),
+                     [&](const T* p, int64_t stride, int64_t n, int64_t base, int64_t lstride) {
+                       ScanRun(p, stride, n, base, lstride, vectorize, &out[c]);
+                     });
+        }
       });
 
   // Fixed chunk order: the only order in which the double sums are added.

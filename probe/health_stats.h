@@ -5,9 +5,10 @@
 // finite elements (0 when there is none), exactly the fields of capsule.v1.HealthStats. They are
 // computed in one fused pass over the tensor's memory, without temporary tensors, in parallel over
 // fixed-size chunks with the intra-op thread pool; float32, bfloat16 and float16 use an AVX2 kernel
-// when the CPU has AVX2, FMA and F16C. Integer and bool tensors get the same fields (never
-// non-finite). Tensors on another device are copied to the CPU first (a device kernel can replace
-// that later); layouts other than strided and complex dtypes are refused with kInvalidArgument.
+// when the CPU has AVX2, FMA and F16C, in its AVX-512 form when the CPU also has AVX-512F. Integer
+// and bool tensors get the same fields (never non-finite). Tensors on another device are copied to
+// the CPU first (a device kernel can replace that later); layouts other than strided and complex
+// dtypes are refused with kInvalidArgument.
 //
 //   capsule::StatusOr<capsule::HealthStats> stats = capsule::ComputeHealthStats(output);
 //   if (!stats.ok()) return stats.status();
@@ -18,10 +19,12 @@
 // Determinism: the pass walks memory in storage order (so transposed views run as fast as
 // contiguous ones) while tracking each element's logical index. Chunk boundaries depend only on
 // the tensor's shape and strides, and partial results are combined in chunk order, so the result
-// is bit-identical for any intra-op thread count. Mean and rms of the same values in another
-// layout, or from the scalar kernel (HealthStatsOptions::vectorize), may differ in the last bits.
-// With flush-denormal mode on (at::globalContext().setFlushDenormal(true)) the CPU reads denormals
-// as zero, and so does this function.
+// is bit-identical for any intra-op thread count. The AVX-512 form computes exactly what the AVX2
+// kernel computes, so it is also bit-identical on every CPU that has the vector kernel. Mean and
+// rms of the same values in another layout, or from the scalar kernel
+// (HealthStatsOptions::vectorize), may differ in the last bits. With flush-denormal mode on
+// (at::globalContext().setFlushDenormal(true)) the CPU reads denormals as zero, and so does this
+// function.
 //
 // Thread safety: ComputeHealthStats is reentrant; the caller must not write to the tensor while it
 // runs. It uses at::parallel_for, so it inherits ATen's intra-op thread pool settings.

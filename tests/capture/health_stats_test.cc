@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +12,10 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 namespace capsule {
 namespace {
@@ -344,6 +349,197 @@ TEST(HealthStatsTest, ResultDoesNotDependOnThreadCount) {
     }
   }
   at::set_num_threads(saved);
+}
+
+// Replay compares a capsule's statistics with a re-run's bit for bit, and the two may run on
+// different CPUs. So every vector kernel (AVX2; AVX-512 where the CPU has it, one chunk at a time
+// or two interleaved) must compute what the AVX2 kernel computes, down to the last bit and to the
+// sign of a zero minimum or maximum. The model below is that computation, element by element, for
+// a contiguous 1-D float32/bf16/fp16 tensor: chunks of 32768 elements, each one run. A run of 32
+// or more finite elements goes through 16 double lanes (element j of every 16 into lane j,
+// combined pairwise, then the tail of fewer than 16 added in order) and 8 float min/max lanes
+// (elements j and j + 8 of every 16 into lane j, in vminps/vmaxps order); other runs go through
+// the scalar loop. Chunks are combined in order.
+bool CpuRunsVectorKernel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+#else
+  return false;
+#endif
+}
+
+struct ModelSums {
+  double min = kInf;
+  double max = -kInf;
+  double sum = 0;
+  double sumsq = 0;
+  int64_t finite = 0;
+};
+
+// vminps / vmaxps: the first operand only if it is strictly smaller / larger.
+float VMin(float a, float b) { return a < b ? a : b; }
+float VMax(float a, float b) { return a > b ? a : b; }
+
+double LaneTree(const double (&x)[16]) {
+  double lane[4];
+  for (int k = 0; k < 4; ++k) lane[k] = (x[k] + x[4 + k]) + (x[8 + k] + x[12 + k]);
+  return (lane[0] + lane[1]) + (lane[2] + lane[3]);
+}
+
+ModelSums ModelRun(const float* v, int64_t n) {
+  ModelSums r;
+  const bool finite = std::all_of(v, v + n, [](float x) { return std::isfinite(x); });
+  if (n >= 32 && finite) {
+    double s[16] = {}, q[16] = {};
+    float mn[8], mx[8];
+    std::fill(mn, mn + 8, std::numeric_limits<float>::infinity());
+    std::fill(mx, mx + 8, -std::numeric_limits<float>::infinity());
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      for (int j = 0; j < 16; ++j) {
+        const double d = v[i + j];
+        s[j] += d;
+        q[j] = std::fma(d, d, q[j]);
+      }
+      for (int l = 0; l < 8; ++l) {
+        mn[l] = VMin(mn[l], VMin(v[i + l], v[i + 8 + l]));
+        mx[l] = VMax(mx[l], VMax(v[i + l], v[i + 8 + l]));
+      }
+    }
+    double sum = LaneTree(s), sumsq = LaneTree(q);
+    float fmn = mn[0], fmx = mx[0];
+    for (int l = 0; l < 8; ++l) {
+      fmn = std::min(fmn, mn[l]);
+      fmx = std::max(fmx, mx[l]);
+    }
+    double tail_sum = 0, tail_sumsq = 0;
+    for (; i < n; ++i) {
+      const double d = v[i];
+      tail_sum += d;
+      tail_sumsq += d * d;
+      fmn = std::min(fmn, v[i]);
+      fmx = std::max(fmx, v[i]);
+    }
+    r.min = fmn;
+    r.max = fmx;
+    r.sum += sum + tail_sum;
+    r.sumsq += sumsq + tail_sumsq;
+    r.finite = n;
+    return r;
+  }
+  double mn = kInf, mx = -kInf, sum = 0, sumsq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = v[i];
+    if (!std::isfinite(d)) continue;
+    ++r.finite;
+    mn = std::min(mn, d);
+    mx = std::max(mx, d);
+    sum += d;
+    sumsq += d * d;
+  }
+  r.min = std::min(r.min, mn);
+  r.max = std::max(r.max, mx);
+  r.sum += sum;
+  r.sumsq += sumsq;
+  return r;
+}
+
+HealthStats ModelVectorKernels(const at::Tensor& t) {
+  const at::Tensor f = t.to(at::kFloat).contiguous();  // exact for bf16 and fp16
+  const float* v = f.data_ptr<float>();
+  const int64_t n = f.numel();
+  constexpr int64_t kChunk = 32768;
+  ModelSums total;
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const ModelSums c = ModelRun(v + begin, std::min(kChunk, n - begin));
+    total.min = std::min(total.min, c.min);
+    total.max = std::max(total.max, c.max);
+    total.sum += c.sum;
+    total.sumsq += c.sumsq;
+    total.finite += c.finite;
+  }
+  HealthStats s;
+  if (total.finite == 0) return s;
+  s.min = total.min;
+  s.max = total.max;
+  s.mean = total.sum / static_cast<double>(total.finite);
+  s.rms = std::sqrt(total.sumsq / static_cast<double>(total.finite));
+  return s;
+}
+
+void ExpectSameBitsAsModel(const at::Tensor& t, const std::string& what) {
+  const HealthStats want = ModelVectorKernels(t);
+  const Reference ref = ComputeReference(t);
+  const int saved = at::get_num_threads();
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    const HealthStats got = Stats(t);
+    SCOPED_TRACE(what + " dtype=" + c10::toString(t.scalar_type()) +
+                 " numel=" + std::to_string(t.numel()) + " threads=" + std::to_string(threads));
+    EXPECT_EQ(got.nan_count, ref.stats.nan_count);
+    EXPECT_EQ(got.zero_count, ref.stats.zero_count);
+    EXPECT_EQ(got.first_nonfinite_index, ref.stats.first_nonfinite_index);
+    for (auto field :
+         {&HealthStats::min, &HealthStats::max, &HealthStats::mean, &HealthStats::rms}) {
+      EXPECT_EQ(std::memcmp(&(got.*field), &(want.*field), sizeof(double)), 0)
+          << got.*field << " vs " << want.*field << " (signbit " << std::signbit(got.*field)
+          << " vs " << std::signbit(want.*field) << ")";
+    }
+  }
+  at::set_num_threads(saved);
+}
+
+// Sizes: one short run, a tail of 1-15 elements, a partial chunk, whole chunks, and odd and even
+// numbers of whole chunks plus a remainder, so that with 1 and 2 threads a chunk is reduced alone
+// in one run and interleaved with a neighbour in the other.
+const std::vector<int64_t> kChunkedSizes = {
+    40, 1000, 32767, 32768, 2 * 32768, 3 * 32768 + 5, 5 * 32768 + 17, 8 * 32768 + 31};
+
+TEST(HealthStatsTest, VectorKernelsAddInTheAvx2KernelsOrder) {
+  if (!CpuRunsVectorKernel()) GTEST_SKIP() << "no AVX2: the scalar kernel runs";
+  uint32_t seed = 500;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (int64_t n : kChunkedSizes) {
+      ExpectSameBitsAsModel(MakeTensor(n, dtype, /*specials=*/false, seed++), "finite");
+      // One NaN sends only its chunk to the scalar rescan; its neighbours stay vectorized.
+      at::Tensor one_nan = MakeTensor(n, dtype, /*specials=*/false, seed++);
+      one_nan[n > 2 * 32768 ? 32768 + 100 : n / 2] = kNaN;
+      ExpectSameBitsAsModel(one_nan, "one NaN");
+      // Magnitudes far apart: float partial sums would drop the small ones.
+      at::Tensor wide = MakeTensor(n, at::kDouble, /*specials=*/false, seed++);
+      wide.slice(0, 0, n, 7).mul_(dtype == at::kHalf ? 1e3 : 1e7);
+      wide.slice(0, 3, n, 11).mul_(dtype == at::kHalf ? 1e-3 : 1e-7);
+      ExpectSameBitsAsModel(wide.to(dtype), "wide range");
+      ExpectMatchesReference(wide.to(dtype));
+    }
+  }
+}
+
+// Elements of both signs of zero as the minimum (or maximum): which one is reported depends on the
+// order elements are compared in, and must not depend on the CPU.
+TEST(HealthStatsTest, ZeroMinimumAndMaximumHaveOneSignOnEveryCpu) {
+  if (!CpuRunsVectorKernel()) GTEST_SKIP() << "no AVX2: the scalar kernel runs";
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int> kind(0, 9);
+  std::exponential_distribution<float> magnitude(1.0f);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (int64_t n : {int64_t{33}, int64_t{48}, int64_t{100}, int64_t{1000}, int64_t{32768 + 40},
+                      int64_t{3 * 32768}}) {
+      for (int zero_share : {3, 9, 10}) {  // in tenths; 10: nothing but zeros
+        std::vector<float> v(static_cast<size_t>(n));
+        for (float& x : v) {
+          const int k = kind(rng);
+          x = k < zero_share ? (k % 2 == 0 ? 0.0f : -0.0f) : magnitude(rng) + 0.5f;
+        }
+        const at::Tensor nonneg = at::tensor(v).to(dtype);
+        ExpectSameBitsAsModel(nonneg, "zero minimum, share " + std::to_string(zero_share));
+        ExpectSameBitsAsModel(-nonneg, "zero maximum, share " + std::to_string(zero_share));
+      }
+    }
+  }
 }
 
 TEST(HealthStatsTest, IntegerAndBoolTensors) {
