@@ -265,6 +265,102 @@ Status ValidateObjectiveAndOptimizer(const v1::Capsule& c,
   return Status::Ok();
 }
 
+bool IsHex16(const std::string& s) {
+  if (s.size() != 16) return false;
+  for (char ch : s) {
+    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) return false;
+  }
+  return true;
+}
+
+// Distributed section (FORMAT.md §6.2): what `capsule triage` aligns ranks by must be ordered.
+Status ValidateDistributed(const v1::Capsule& c) {
+  if (!c.has_distributed()) return Status::Ok();
+  const v1::Distributed& d = c.distributed();
+  const int world = c.placement().world_size();
+  if (d.run_id().empty() || d.run_id().size() > 128) {
+    return Invalid("distributed.run_id", "must be 1 to 128 printable ASCII characters");
+  }
+  for (char ch : d.run_id()) {
+    if (ch < 0x21 || ch > 0x7e) {
+      return Invalid("distributed.run_id", "must be 1 to 128 printable ASCII characters");
+    }
+  }
+  if (d.last_step() < 0) return Invalid("distributed.last_step", "must be >= 0");
+  if (!(d.watchdog_seconds() >= 0) || !std::isfinite(d.watchdog_seconds()) ||
+      !(d.timeout_seconds() >= 0) || !std::isfinite(d.timeout_seconds())) {
+    return Invalid("distributed", "watchdog_seconds and timeout_seconds must be finite and >= 0");
+  }
+  auto rank_ok = [world](int64_t r) { return r >= 0 && (world <= 0 || r < world); };
+  for (int i = 0; i < d.collectives_size(); ++i) {
+    const v1::Collective& k = d.collectives(i);
+    const std::string where = "distributed.collectives[" + std::to_string(i) + "]";
+    if (i > 0 && k.sequence() <= d.collectives(i - 1).sequence()) {
+      return Invalid(where, "sequence numbers must increase");
+    }
+    if (k.op().empty()) return Invalid(where, "op must be set");
+    if (k.state() == v1::COLLECTIVE_STATE_UNSPECIFIED) return Invalid(where, "state must be set");
+    if (k.numel() < 0 || k.step() < 0) return Invalid(where, "numel and step must be >= 0");
+    for (int32_t r : k.ranks()) {
+      if (!rank_ok(r)) return Invalid(where, "ranks must be in [0, world_size)");
+    }
+    for (const auto* shapes : {&k.in_shapes(), &k.out_shapes()}) {
+      for (const v1::CollectiveShape& shape : *shapes) {
+        for (int64_t dim : shape.dims()) {
+          if (dim < 0) return Invalid(where, "negative dimension in a shape");
+        }
+      }
+    }
+  }
+  for (int i = 0; i < d.reductions_size(); ++i) {
+    const v1::GradReduction& g = d.reductions(i);
+    const std::string where = "distributed.reductions[" + std::to_string(i) + "]";
+    if (g.step() < 0 || g.local_non_finite() < 0 || g.global_non_finite() < 0) {
+      return Invalid(where, "step and non-finite counts must be >= 0");
+    }
+    if (i > 0 && g.step() < d.reductions(i - 1).step()) {
+      return Invalid(where, "steps must not decrease");
+    }
+    if (!(g.divisor() >= 0) || !std::isfinite(g.divisor())) {
+      return Invalid(where, "divisor must be finite and >= 0");
+    }
+    if (g.rank_local_norms_size() != g.rank_local_non_finite_size() ||
+        (world > 0 && g.rank_local_norms_size() > world)) {
+      return Invalid(where,
+                     "rank_local_norms and rank_local_non_finite must have one entry per "
+                     "rank");
+    }
+  }
+  for (int i = 0; i < d.fingerprints_size(); ++i) {
+    const v1::StepFingerprint& f = d.fingerprints(i);
+    const std::string where = "distributed.fingerprints[" + std::to_string(i) + "]";
+    if (f.step() < 0) return Invalid(where, "step must be >= 0");
+    if (i > 0 && f.step() <= d.fingerprints(i - 1).step()) {
+      return Invalid(where, "steps must increase");
+    }
+    for (const std::string* h :
+         {&f.params(), &f.replicated_rng(), &f.local_rng(), &f.sample_ids()}) {
+      if (!h->empty() && !IsHex16(*h)) return Invalid(where, "checksums must be 16 lowercase hex");
+    }
+  }
+  const v1::TriggerAgreement& a = d.agreement();
+  if (a.step() < 0) return Invalid("distributed.agreement", "step must be >= 0");
+  for (const v1::RankTrigger& t : a.fired()) {
+    if (!rank_ok(t.rank()) || t.kind() == v1::TRIGGER_KIND_UNSPECIFIED) {
+      return Invalid("distributed.agreement.fired", "rank must be in [0, world_size), kind set");
+    }
+  }
+  for (int32_t r : a.missing_ranks()) {
+    if (!rank_ok(r)) return Invalid("distributed.agreement.missing_ranks", "rank out of range");
+  }
+  for (const v1::ThreadPosition& t : d.threads()) {
+    if (!(t.seconds() >= 0) || !std::isfinite(t.seconds())) {
+      return Invalid("distributed.threads", "seconds must be finite and >= 0");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
@@ -457,6 +553,7 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   if (p.rank() < 0 || p.world_size() < 0 || (p.world_size() > 0 && p.rank() >= p.world_size())) {
     return Invalid("placement", "rank must be in [0, world_size)");
   }
+  CAPSULE_RETURN_IF_ERROR(ValidateDistributed(c));
   for (const auto& [key, value] : c.annotations()) {
     if (key.empty()) return Invalid("annotations", "keys must not be empty");
   }

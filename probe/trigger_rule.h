@@ -38,6 +38,12 @@ enum class TriggerKind {
   kNonFiniteGrad = 4,
   kManual = 5,
   kException = 6,
+  // Distributed (capture/distributed.h): captured from the snapshot, without a re-run.
+  kHang = 7,
+  kCollectiveError = 8,
+  kPeerTrigger = 9,
+  kReplicaDesync = 10,
+  kGradReduction = 11,
 };
 
 // What a re-run of the step produced, as far as the rule looks at it.

@@ -426,6 +426,48 @@ const Rule kRules[] = {
     {"PlacementNegativeWorldSize",
      [](v1::Capsule* c) { c->mutable_placement()->set_world_size(-1); },
      "placement: rank must be in [0, world_size)"},
+    {"DistributedRunIdEmpty", [](v1::Capsule* c) { c->mutable_distributed()->clear_run_id(); },
+     "distributed.run_id: must be 1 to 128 printable ASCII characters"},
+    {"DistributedRunIdWithEscape",
+     [](v1::Capsule* c) { c->mutable_distributed()->set_run_id("run\x1b[2J"); },
+     "distributed.run_id: must be 1 to 128 printable ASCII characters"},
+    {"DistributedSequenceNotIncreasing",
+     [](v1::Capsule* c) { c->mutable_distributed()->mutable_collectives(1)->set_sequence(40); },
+     "distributed.collectives[1]: sequence numbers must increase"},
+    {"DistributedCollectiveStateUnset",
+     [](v1::Capsule* c) {
+       c->mutable_distributed()->mutable_collectives(0)->set_state(
+           v1::COLLECTIVE_STATE_UNSPECIFIED);
+     },
+     "distributed.collectives[0]: state must be set"},
+    {"DistributedCollectiveRankOutOfRange",
+     [](v1::Capsule* c) { c->mutable_distributed()->mutable_collectives(0)->add_ranks(4); },
+     "distributed.collectives[0]: ranks must be in [0, world_size)"},
+    {"DistributedShapeNegative",
+     [](v1::Capsule* c) {
+       c->mutable_distributed()->mutable_collectives(0)->mutable_out_shapes(0)->add_dims(-2);
+     },
+     "distributed.collectives[0]: negative dimension in a shape"},
+    {"DistributedReductionStepsDecrease",
+     [](v1::Capsule* c) { c->mutable_distributed()->add_reductions()->set_step(6); },
+     "distributed.reductions[1]: steps must not decrease"},
+    {"DistributedReductionRankVectorsDiffer",
+     [](v1::Capsule* c) {
+       c->mutable_distributed()->mutable_reductions(0)->add_rank_local_norms(1);
+     },
+     "distributed.reductions[0]: rank_local_norms and rank_local_non_finite must have one entry "
+     "per rank"},
+    {"DistributedFingerprintNotHex",
+     [](v1::Capsule* c) {
+       c->mutable_distributed()->mutable_fingerprints(0)->set_params("0123456789ABCDEF");
+     },
+     "distributed.fingerprints[0]: checksums must be 16 lowercase hex"},
+    {"DistributedAgreementRankOutOfRange",
+     [](v1::Capsule* c) { c->mutable_distributed()->mutable_agreement()->add_missing_ranks(9); },
+     "distributed.agreement.missing_ranks: rank out of range"},
+    {"DistributedWatchdogNotFinite",
+     [](v1::Capsule* c) { c->mutable_distributed()->set_watchdog_seconds(INFINITY); },
+     "distributed: watchdog_seconds and timeout_seconds must be finite and >= 0"},
     {"AnnotationEmptyKey", [](v1::Capsule* c) { (*c->mutable_annotations())[""] = "v"; },
      "annotations: keys must not be empty"},
     {"RedactionUnknownItem", [](v1::Capsule* c) { c->mutable_redaction()->add_dropped("weights"); },
