@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <deque>
 #include <iostream>
+#include <mutex>
 #include <set>
 
 #include "capsule/base/sha256.h"
+#include "capsule/capture/distributed.h"
 #include "capsule/capture/internal/capsule_builder.h"
 #include "capsule/capture/internal/capture_writer.h"
 #include "capsule/capture/internal/rerun_guard.h"
@@ -60,6 +62,10 @@ struct Monitor::State {
   std::deque<RunEvent> events;
   OptimizerProbe* probe = nullptr;  // set while an OptimizerProbe is attached
   std::optional<internal::PendingCapture> pending;
+  // Held by every entry point that touches the state; recursive because they call each other
+  // (BeginStep flushes, EndStep captures). Never held across a collective, so that the watchdog
+  // of a Distributed can capture while the training thread waits in one.
+  std::recursive_timed_mutex mu;
 };
 
 namespace {
@@ -133,7 +139,47 @@ FiredTrigger CheckTriggers(const MonitorOptions& options,
 Monitor::Monitor(MonitorOptions options)
     : options_(std::move(options)), state_(std::make_unique<State>()) {}
 
-Monitor::~Monitor() { Flush(); }
+Monitor::~Monitor() {
+  if (distributed_) distributed_->SetIncidentHandler(nullptr);
+  Flush();
+}
+
+void Monitor::AttachDistributed(std::shared_ptr<Distributed> distributed) {
+  std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
+  if (distributed_) distributed_->SetIncidentHandler(nullptr);
+  distributed_ = std::move(distributed);
+  if (!distributed_) return;
+  options_.rank = distributed_->rank();
+  options_.world_size = distributed_->world_size();
+  distributed_->SetIncidentHandler([this](TriggerKind kind, const std::string& reason) {
+    return CaptureIncident(kind, reason);
+  });
+}
+
+bool Monitor::CaptureIncident(TriggerKind kind, const std::string& reason) {
+  // Another thread: wait for the training thread's current call to finish, but not forever (it
+  // may be the one that is stuck, in a model call that never returns).
+  std::unique_lock<std::recursive_timed_mutex> lock(state_->mu, std::defer_lock);
+  if (!lock.try_lock_for(std::chrono::seconds(10))) {
+    Emit("capsule: " + std::string(TriggerKindName(kind)) +
+         ": no capsule (the training thread has held the Monitor for 10 s)");
+    return false;
+  }
+  if (!state_->snap) {
+    Emit("capsule: " + std::string(TriggerKindName(kind)) + ": no capsule (no step began)");
+    return false;
+  }
+  FiredTrigger f;
+  f.kind = kind;
+  // No value for replay to compare: the rank may have stopped before the step's loss, or after
+  // its optimizer step (BuildAndWrite notes it); a replay then checks that the step runs through.
+  f.observed = NAN;
+  f.rule = kind == TriggerKind::kHang ? "no collective completed within the hang period"
+                                      : "a collective failed on this rank";
+  Log(reason);
+  StepReport r = Capture(f, reason, /*incident=*/true);
+  return !r.capsule_path.empty();
+}
 
 void Monitor::AttachModel(Model* model, PathKind path) {
   state_->model = model;
@@ -178,6 +224,7 @@ void Monitor::RegisterRng(const std::string& name, std::function<std::string()> 
 }
 
 void Monitor::Log(const std::string& line) {
+  std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
   std::deque<std::string>& log = state_->log;
   log.push_back(line);
   while (static_cast<int>(log.size()) > options_.log_lines) log.pop_front();
@@ -198,6 +245,7 @@ void Monitor::Emit(const std::string& line) const {
 }
 
 void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch& batch) {
+  std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
   if (state_->pending) Flush();
   if (!state_->snap) state_->snap.emplace();
   StepSnapshot& s = *state_->snap;
@@ -223,20 +271,63 @@ void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch&
     }
   }
   s.intra_op_threads = at::get_num_threads();
+  if (distributed_) {
+    std::vector<at::Tensor> params;
+    if (state_->model != nullptr) {
+      for (const NamedTensor& p : state_->model->NamedParameters()) params.push_back(p.second);
+    }
+    std::vector<std::pair<std::string, std::string>> rngs;
+    for (const std::vector<RngBlobData>* list : {&s.torch_rngs, &s.user_rngs}) {
+      for (const RngBlobData& r : *list) rngs.emplace_back(r.name, r.state);
+    }
+    distributed_->OnBeginStep(step, params, rngs, cursor.epoch, cursor.offset, batch.sample_ids);
+  }
 }
 
 StepReport Monitor::EndStep(const StepScalars& scalars) {
+  std::unique_lock<std::recursive_timed_mutex> lock(state_->mu);
   const int64_t step = state_->snap ? state_->snap->step : 0;
   // Triggers compare against the history *before* this step.
-  const FiredTrigger fired = CheckTriggers(options_, state_->history, scalars);
+  FiredTrigger fired = CheckTriggers(options_, state_->history, scalars);
   auto& history = state_->history;
   history.emplace_back(step, scalars);
   while (static_cast<int>(history.size()) > options_.history_length) history.pop_front();
+  std::string message;
+  if (distributed_) {
+    const int loss_ranks = state_->snap ? state_->snap->batch.loss.ranks : 0;
+    // The agreement is a collective: the Monitor is not held while it waits.
+    lock.unlock();
+    const AgreementResult a = distributed_->Agree(step, fired.kind, loss_ranks);
+    lock.lock();
+    // A failed agreement already wrote its COLLECTIVE_ERROR capsule.
+    if (a.ran && a.status.ok()) message = a.summary;
+    if (a.ran && a.status.ok() && fired.kind == TriggerKind::kNone) {
+      // What replay re-runs on this rank is its own step: its loss is the value to come back.
+      fired.observed = scalars.loss ? *scalars.loss : NAN;
+      if (!a.fired.empty()) {
+        fired.kind = TriggerKind::kPeerTrigger;
+        fired.rule = "another rank fired at this step (trigger agreement)";
+      } else if (!a.desynced_ranks.empty()) {
+        fired.kind = TriggerKind::kReplicaDesync;
+        fired.rule = "parameter checksums of the replicas differ at the step's start";
+        std::string ranks;
+        for (int r : a.desynced_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+        message = "ranks differing from the majority's parameters: " + ranks;
+      } else if (a.reduction_not_a_mean) {
+        fired.kind = TriggerKind::kGradReduction;
+        fired.rule =
+            "reduced gradient norm / mean of the ranks' local norms > 1 (a mean cannot be)";
+        message = "the gradient reduction is not a mean: reduced norm / mean local norm = " +
+                  std::to_string(a.reduction_ratio);
+      }
+    }
+  }
   if (fired.kind == TriggerKind::kNone) return {};
-  return Capture(fired, "");
+  return Capture(fired, message);
 }
 
 StepReport Monitor::CaptureNow(const std::string& reason) {
+  std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
   FiredTrigger f;
   f.kind = TriggerKind::kManual;
   f.rule = "manual capture";
@@ -265,11 +356,12 @@ StepReport Monitor::RunStep(const std::function<void()>& step_fn) {
   f.kind = TriggerKind::kException;
   f.rule = "the step threw";
   f.observed = NAN;
+  std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
   Log("exception: " + what);
   return Capture(f, what);
 }
 
-StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& message) {
+StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& message, bool incident) {
   StepReport report;
   report.triggered = true;
   report.trigger = fired.kind;
@@ -302,7 +394,7 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   // The capture must never take the trainer down: everything below is fenced.
   Status s;
   try {
-    s = BuildAndWrite(fired, message, &report);
+    s = BuildAndWrite(fired, message, incident, &report);
   } catch (const c10::Error& e) {
     s = InternalError(std::string("capture failed: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -331,6 +423,7 @@ v1::Capsule* Monitor::PendingCapsule() {
 void Monitor::SetOptimizerProbe(OptimizerProbe* probe) { state_->probe = probe; }
 
 StepReport Monitor::Flush() {
+  std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
   if (!state_->pending) return {};
   StepReport report;
   try {
@@ -380,7 +473,7 @@ void Monitor::FinishReport(const Status& s, const std::string& what, StepReport*
   Log("capsule: " + report.summary);
 }
 
-Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& message,
+Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& message, bool incident,
                               StepReport* report) {
   if (!state_->snap) return FailedPreconditionError("EndStep/CaptureNow called before BeginStep");
   const StepSnapshot& snap = *state_->snap;
@@ -400,7 +493,7 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   context.events.assign(state_->events.begin(), state_->events.end());
 
   std::optional<ProbeResult> rerun;
-  if (state_->model != nullptr && options_.rerun) {
+  if (state_->model != nullptr && options_.rerun && !incident) {
     // User RNGs that can be restored draw in the re-run as they did in the step, and come back to
     // where the trainer left them however the re-run ends.
     std::vector<std::pair<const State::NamedRng*, std::string>> put_back;
@@ -423,12 +516,20 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   CAPSULE_ASSIGN_OR_RETURN(
       internal::BuiltCapsule built,
       internal::BuildCapsule(snap, rerun ? &*rerun : nullptr, context, options_));
+  if (distributed_) distributed_->FillSection(fired.kind, &built.capsule);
+  const auto& history = state_->history;
+  if (incident && !history.empty() && history.back().first == snap.step) {
+    built.capsule.add_capture_notes(
+        "weights: captured after this step's EndStep (by the watchdog or a failed collective), so "
+        "they may already hold the step's optimizer update; a replay's loss need not match the "
+        "step's");
+  }
   report->build_seconds = SecondsSince(build_start);
   for (const std::string& note : built.notes) Log(note);
   const v1::Capsule& c = built.capsule;
   report->rerun_reproduced = c.trigger().capture_rerun() == v1::RERUN_REPRODUCED;
   report->first_anomalous_layer = c.numerics().first_anomalous_layer();
-  if (state_->probe != nullptr) {
+  if (state_->probe != nullptr && !incident) {
     // The optimizer section comes from the trainer's own step, after this returns.
     state_->pending = internal::PendingCapture{std::move(built.capsule), std::move(key), {}, ""};
     report->pending = true;

@@ -21,7 +21,9 @@
 //     optimizer.step();
 //   }
 //
-// Thread safety: a Monitor is used from the training thread only.
+// Thread safety: a Monitor is used from the training thread; with a Distributed attached, its
+// watchdog (and a backend thread that is taking the process down) may also write a capsule
+// through it, which the Monitor serializes with the training thread's calls.
 #ifndef CAPSULE_CAPTURE_MONITOR_H_
 #define CAPSULE_CAPTURE_MONITOR_H_
 
@@ -46,6 +48,7 @@ struct FiredTrigger;
 struct PendingCapture;
 }  // namespace internal
 class OptimizerProbe;
+class Distributed;
 
 enum class WeightPolicy { kAll = 1, kAnomalousLayer = 2, kNone = 3 };  // = capsule.v1.WeightPolicy
 
@@ -102,7 +105,7 @@ struct MonitorOptions {
   // first anomalous layer, embedded layer inputs). Off: the capsule holds the snapshot only.
   bool rerun = true;
 
-  // Where the trainer runs; recorded in the capsule.
+  // Where the trainer runs; recorded in the capsule (AttachDistributed sets them from the group).
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
@@ -214,6 +217,13 @@ class Monitor {
   // captures hold the snapshot and scalars but no per-layer statistics.
   void AttachModel(Model* model, PathKind path);
 
+  // A data-parallel run (capture/distributed.h): the capsule of every rank gets its Distributed
+  // section, EndStep agrees on triggers with the other ranks, and the Distributed's watchdog and
+  // failed collectives write HANG and COLLECTIVE_ERROR capsules through this Monitor. Sets rank,
+  // world_size and local_rank from the group. The Distributed outlives nothing: the Monitor holds
+  // it and detaches itself when destroyed.
+  void AttachDistributed(std::shared_ptr<Distributed> distributed);
+
   // Hashes the files (once). Errors are returned and logged; capsules then lack those hashes.
   Status SetIdentity(const IdentityInfo& identity);
 
@@ -271,9 +281,13 @@ class Monitor {
  private:
   friend class OptimizerProbe;
   struct State;  // snapshot, history, log ring, RNGs, identity, rate-limit bookkeeping
-  StepReport Capture(const internal::FiredTrigger& fired, const std::string& message);
+  // `incident`: a HANG or COLLECTIVE_ERROR capture from another thread or a failed collective:
+  // from the snapshot, without a re-run (the model may be in use), written at once.
+  StepReport Capture(const internal::FiredTrigger& fired, const std::string& message,
+                     bool incident = false);
   Status BuildAndWrite(const internal::FiredTrigger& fired, const std::string& message,
-                       StepReport* report);
+                       bool incident, StepReport* report);
+  bool CaptureIncident(TriggerKind kind, const std::string& reason);
   // Writes the pending capsule (OptimizerProbe fills its optimizer section first) and finishes
   // its report: counts, summary, log line.
   StepReport WritePending();
@@ -286,6 +300,7 @@ class Monitor {
 
   MonitorOptions options_;
   std::unique_ptr<State> state_;
+  std::shared_ptr<Distributed> distributed_;
   int capsules_written_ = 0;
   int captures_failed_ = 0;
 };

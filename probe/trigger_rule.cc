@@ -26,6 +26,16 @@ bool TriggerFiresAgain(TriggerKind kind, double observed, double threshold,
       return rerun.backward_done && rerun.grad_norm > threshold;
     case TriggerKind::kException:
       return rerun.threw;
+    case TriggerKind::kHang:
+    case TriggerKind::kCollectiveError:
+    case TriggerKind::kPeerTrigger:
+    case TriggerKind::kReplicaDesync:
+    case TriggerKind::kGradReduction:
+      // Distributed: a local re-run cannot bring the peers back, only this rank's own step. With
+      // the step's loss recorded (observed) it must come back as MANUAL's does; without it (the
+      // rank stopped before its loss) the step must run through.
+      if (!std::isfinite(observed)) return !rerun.threw;
+      break;
     case TriggerKind::kManual:
     case TriggerKind::kNone:
       break;

@@ -1,0 +1,187 @@
+// Distributed: the Monitor's view of a data-parallel run, built on torch's own c10d process group
+// (Gloo on CPU, NCCL on GPU: the same calls), never a transport of its own.
+//
+// The trainer makes one Distributed per rank over its process group and store, issues its
+// collectives through it, and attaches it to the Monitor. Then each rank's capsule carries:
+//   - its placement and the run id every rank shares (rank 0 draws it; the store carries it);
+//   - a ring of its last collectives (sequence number, op, tag, dtype, counts, shapes, state and
+//     times), as PyTorch's Flight Recorder keeps them;
+//   - gradient health before and after the data-parallel reduction (ReduceGradients);
+//   - a ring of per-step fingerprints (a checksum of the parameters at the step's start, of the
+//     replicated and the rank-local RNG states, the cursor and the sample ids).
+// At EndStep the Monitor reduces one row per rank (what fired, the local gradient health, the
+// parameter checksum), so a trigger on any rank makes every rank capture the same step, and the
+// replicas' checksums and the reduction's scale are checked on every step at the cost of one small
+// all-reduce. A watchdog thread writes a HANG capsule when a collective has not completed for
+// `watchdog_seconds` and sets a store key that makes every other rank write its capsule too; a
+// collective that fails on this rank (a peer closed the connection, the group's timeout, a size
+// check) writes a COLLECTIVE_ERROR capsule before the error reaches the trainer, and so does a rank
+// that dies in a collective (std::terminate from the backend's thread). `capsule triage DIR` reads
+// them all.
+//
+//   auto store = c10::make_intrusive<c10d::FileStore>(path, world);
+//   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, gloo_options);
+//   capsule::DistributedOptions d;
+//   d.process_group = pg;
+//   d.store = store;
+//   d.timeout_seconds = 60;  // what the group was made with
+//   auto dist = capsule::Distributed::Create(d);   // collective: every rank, same point
+//   monitor.AttachDistributed(*dist);
+//   for (...) {
+//     monitor.BeginStep(step, cursor, batch);
+//     ... forward, backward ...
+//     (*dist)->ReduceGradients(params, capsule::GradReduce::kMean);
+//     monitor.EndStep({.loss = loss, .grad_norm = gn});
+//     optimizer.step();
+//   }
+//
+// Collectives through the wrapper are synchronous (they return when complete) and are numbered
+// from 0 in the order this rank issues them; every rank must issue the same ones, which is what
+// triage checks. Nothing here stops training: capsule writes and store traffic are fenced, and the
+// error of a failed collective reaches the trainer unchanged after the capsule is written.
+//
+// Thread safety: collectives, ReduceGradients and the Monitor hooks are called from the training
+// thread; the watchdog and the backend's threads only read the rings under their lock.
+#ifndef CAPSULE_CAPTURE_DISTRIBUTED_H_
+#define CAPSULE_CAPTURE_DISTRIBUTED_H_
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capsule/base/status.h"
+#include "capsule/format/capsule_fwd.h"
+#include "capsule/probe/trigger_rule.h"
+
+namespace c10d {
+class ProcessGroup;
+class Store;
+}  // namespace c10d
+
+namespace capsule {
+
+struct DistributedOptions {
+  c10::intrusive_ptr<c10d::ProcessGroup> process_group;  // required
+  // The store the group was made with (or any store every rank shares): the run id, the dump key
+  // and the heartbeats go through it. Null: no run id sharing (set run_id), no dump key, and the
+  // watchdog only watches this rank.
+  c10::intrusive_ptr<c10d::Store> store;
+  // Empty: rank 0 draws one and shares it through the store.
+  std::string run_id;
+  std::string group_name = "default_pg";
+  int local_rank = -1;  // -1: the rank (one host)
+  std::string device = "cpu";
+  // Collectives kept in the ring, and steps kept in the fingerprint ring.
+  int ring_size = 2000;
+  int fingerprint_ring = 64;
+  // The process group's timeout as the trainer made it (seconds); recorded, and the default hang
+  // period is a quarter of it (at most 5 minutes).
+  double timeout_seconds = 1800;
+  // A collective in flight for this long is a hang: the watchdog writes a HANG capsule and sets
+  // the dump key. < 0: the default above; 0: no watchdog thread.
+  double watchdog_seconds = -1;
+  // How often the watchdog looks (also at the dump key and to write this rank's heartbeat).
+  double watchdog_poll_seconds = 0.5;
+  // Share each step's trigger, gradient health and parameter checksum at EndStep (one all-reduce
+  // of 6 numbers per rank): any rank's trigger captures the step on every rank, and desynced
+  // replicas and a reduction that sums where it should average fire REPLICA_DESYNC and
+  // GRAD_REDUCTION. Off: each rank captures alone.
+  bool agree_on_triggers = true;
+  // Names of the Monitor's RNGs (RegisterRng, or "torch.cpu" / "torch.cuda") whose state every
+  // replica must share; the others are rank-local. Both are fingerprinted.
+  std::vector<std::string> replicated_rngs;
+};
+
+enum class GradReduce {
+  kMean = 1,  // all-reduce sum, then divide by the world size (each rank's loss is its own mean)
+  kSum = 2,   // all-reduce sum only (each rank's loss is already divided by the global count)
+};
+
+// Gradient health around one reduction (also stored in the capsule's reductions ring).
+struct GradReductionStats {
+  int64_t step = 0;
+  uint64_t sequence = 0;
+  double local_norm = 0;
+  int64_t local_non_finite = 0;
+  double global_norm = 0;
+  int64_t global_non_finite = 0;
+  double divisor = 1;
+};
+
+// What the EndStep reduction found (Monitor::EndStep acts on it).
+struct AgreementResult {
+  bool ran = false;  // false: agreement is off, or this step was already agreed
+  Status status;     // not ok: the reduction failed (a COLLECTIVE_ERROR capsule is written)
+  std::vector<std::pair<int, TriggerKind>> fired;  // ranks that fired, and what
+  std::vector<int> desynced_ranks;    // ranks whose parameter checksum differs from rank 0's
+  bool reduction_not_a_mean = false;  // the reduced norm exceeds the mean of the local norms
+  double reduction_ratio = 0;         // reduced norm / mean of local norms
+  std::string summary;                // one line for the capsule's trigger message
+};
+
+class Distributed {
+ public:
+  // Collective: every rank calls it at the same point (it shares the run id through the store and
+  // sets the group's sequence number). Errors: kInvalidArgument without a process group;
+  // kUnavailable when the store or the group fails.
+  static StatusOr<std::shared_ptr<Distributed>> Create(const DistributedOptions& options);
+  ~Distributed();
+  Distributed(const Distributed&) = delete;
+  Distributed& operator=(const Distributed&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  const std::string& run_id() const;
+  c10d::ProcessGroup& process_group();
+
+  // Collectives through the wrapper: recorded in the ring, waited for, and on failure a
+  // COLLECTIVE_ERROR capsule is written before the backend's error (a c10::Error) is rethrown.
+  // `tag` names the call site in the ring ("grads", "init.broadcast").
+  void AllReduce(std::vector<at::Tensor>& tensors, const std::string& tag,
+                 const std::string& reduce_op = "sum");
+  void Broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& tag);
+  void Barrier(const std::string& tag);
+
+  // The data-parallel gradient reduction over `params`' gradients (those defined), flattened into
+  // one all-reduce: the local norm and non-finite count before it, the global ones after it.
+  GradReductionStats ReduceGradients(const std::vector<at::Tensor>& params, GradReduce mode,
+                                     const std::string& tag = "grads");
+
+  // --- For the Monitor (capture/monitor.cc) ---
+  // A capture the Distributed asks for: a HANG or COLLECTIVE_ERROR capsule of the current step,
+  // from the snapshot and without a re-run (another thread may be in the model). `reason` is the
+  // trigger message. Returns whether a capsule was written.
+  using IncidentHandler = std::function<bool(TriggerKind kind, const std::string& reason)>;
+  void SetIncidentHandler(IncidentHandler handler);
+  // Step begins: the fingerprint of the parameters at the step's start, the RNG state bytes by
+  // name, the cursor and the sample ids.
+  void OnBeginStep(int64_t step, const std::vector<at::Tensor>& params,
+                   const std::vector<std::pair<std::string, std::string>>& rng_states,
+                   int64_t epoch, int64_t offset, const std::vector<std::string>& sample_ids);
+  // Step ends: the reduction of every rank's row. `local` is what fired here (kNone: nothing);
+  // `loss_ranks` the ranks the step's loss normaliser spans (LossSpec::ranks; <= 1: rank-local,
+  // so the gradient reduction must be a mean).
+  AgreementResult Agree(int64_t step, TriggerKind local, int loss_ranks);
+  // The rank's Distributed section, for a capsule of `kind`.
+  void FillSection(TriggerKind kind, v1::Capsule* capsule);
+  void SetPosition(const std::string& position);
+
+  struct Impl;  // opaque; public so that the process's terminate handler can reach it
+
+ private:
+  explicit Distributed(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A 64-bit checksum of bytes (four multiply-xorshift lanes; not cryptographic): a fingerprint to
+// compare replicas by, at several GB/s so it can run every step.
+uint64_t Checksum64(const void* data, size_t size, uint64_t seed = 0);
+
+}  // namespace capsule
+
+#endif  // CAPSULE_CAPTURE_DISTRIBUTED_H_
