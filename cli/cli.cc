@@ -34,6 +34,7 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   SetupVerifyCommand(app, &run);
   SetupReportCommand(app, &run);
   SetupDiffCommand(app, &run);
+  SetupTriageCommand(app, &run);
   SetupRedactCommand(app, &run);
 #ifdef CAPSULE_WITH_TORCH
   SetupReplayCommand(app, &run, registry);

@@ -95,6 +95,19 @@ struct DiffCliOptions {
 void SetupDiffCommand(CLI::App& app, RunFn* run);
 int RunDiffCommand(const DiffCliOptions& options);
 
+inline constexpr const char kTriageDescription[] =
+    "Read every rank's capsules of one data-parallel run: which rank went bad first, who hung "
+    "the run, desynced replicas, a gradient reduction that summed";
+
+struct TriageCliOptions {
+  std::string dir;
+  std::string run_id;  // empty: the only run in DIR
+  TrustOptions trust;
+  bool json = false;
+};
+void SetupTriageCommand(CLI::App& app, RunFn* run);
+int RunTriageCommand(const TriageCliOptions& options);
+
 // The one-line descriptions of the commands that need LibTorch, shared by the commands and by the
 // LibTorch-free `capsule`, which lists them and hands them to capsule-torch (torch_forward.h).
 inline constexpr const char kReplayDescription[] =

@@ -136,19 +136,34 @@ bool WriteOutputFile(const std::string& in, const std::string& out, std::string_
   return true;
 }
 
+StatusOr<ReadOptions> MakeLoadOptions(const std::vector<std::string>& pubkeys,
+                                      bool allow_unsigned) {
+  CAPSULE_ASSIGN_OR_RETURN(ReadOptions options, MakeReadOptions(pubkeys, allow_unsigned));
+  // Reading is not trusting: without --pubkey a signed capsule is read whoever signed it, and
+  // shown as "not checked" with the signer's key id (a capsule attached to an issue usually
+  // arrives without its .pub). --pubkey asks for trust: then the signer must be one of them.
+  options.allow_untrusted = allow_unsigned || pubkeys.empty();
+  return options;
+}
+
+StatusOr<LoadedCapsule> ReadLoadedCapsule(const std::string& file, const ReadOptions& options) {
+  CAPSULE_ASSIGN_OR_RETURN(std::string bytes, ReadFileBytes(file, options.max_file_bytes));
+  auto decoded = DecodeCapsule(bytes, options);
+  if (!decoded.ok()) return decoded.status().WithContext(file);
+  return LoadedCapsule{std::move(bytes), std::move(*decoded)};
+}
+
 std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
                                          const std::vector<std::string>& pubkeys,
                                          bool allow_unsigned, int* exit_code) {
   *exit_code = kExitError;
-  auto options = MakeReadOptions(pubkeys, allow_unsigned);
+  auto options = MakeLoadOptions(pubkeys, allow_unsigned);
   if (!options.ok()) {
     PrintError(options.status());
     return std::nullopt;
   }
-  // Reading is not trusting: without --pubkey a signed capsule is read whoever signed it, and
-  // shown as "not checked" with the signer's key id (a capsule attached to an issue usually
-  // arrives without its .pub). --pubkey asks for trust: then the signer must be one of them.
-  options->allow_untrusted = allow_unsigned || pubkeys.empty();
+  // Not through ReadLoadedCapsule: a file that cannot be read was not judged (exit 2), whatever
+  // the code of the reason, while a decoding failure is a verdict on the capsule.
   auto bytes = ReadFileBytes(file, options->max_file_bytes);
   if (!bytes.ok()) {
     PrintError(bytes.status());

@@ -57,6 +57,14 @@ struct LoadedCapsule {
   DecodedCapsule decoded;
 };
 
+// The ReadOptions LoadCapsule reads with: `pubkeys` trusted, and untrusted signers accepted when
+// no key is given or `allow_unsigned` is set.
+StatusOr<ReadOptions> MakeLoadOptions(const std::vector<std::string>& pubkeys, bool allow_unsigned);
+
+// Reads and decodes `file` with `options` and prints nothing: for a command that lists a capsule
+// it cannot use instead of stopping (triage). The status names the file.
+StatusOr<LoadedCapsule> ReadLoadedCapsule(const std::string& file, const ReadOptions& options);
+
 // Reads and decodes `file` trusting `pubkeys`; `allow_unsigned` also accepts unsigned capsules and
 // signers not given (reported as "not checked"), as --allow-unsigned promises. On failure prints
 // why and returns nullopt with *exit_code set: ExitCodeForReadError for a capsule judged invalid,

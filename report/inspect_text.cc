@@ -1,5 +1,6 @@
 #include "capsule/report/inspect_text.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -24,6 +25,53 @@ void ShowList(const List& list, int max, std::ostream& out, Show show, const cha
     show(entry);
   }
   if (list.size() > max) out << "  \u2026 " << (list.size() - max) << " more" << end;
+}
+
+// The last few collectives are what a hang is read from; `capsule triage` aligns the whole ring
+// across ranks.
+constexpr int kCollectivesShown = 4;
+
+void Distributed(const v1::Capsule& c, std::ostream& out) {
+  const v1::Distributed& d = c.distributed();
+  out << "distributed: run " << PrintableShort(d.run_id()) << ", rank " << c.placement().rank()
+      << " of " << c.placement().world_size() << ", " << PrintableShort(d.backend())
+      << ", last step " << d.last_step() << "; " << d.collectives_size() << " collectives, "
+      << d.reductions_size() << " reductions, " << d.fingerprints_size() << " fingerprints\n";
+  for (int i = std::max(0, d.collectives_size() - kCollectivesShown); i < d.collectives_size();
+       ++i) {
+    const v1::Collective& k = d.collectives(i);
+    out << "  collective " << k.sequence() << " (step " << k.step()
+        << "): " << PrintableShort(k.op()) << " " << PrintableShort(k.tag()) << ", " << k.numel()
+        << " " << PrintableShort(k.dtype()) << ", " << v1::CollectiveState_Name(k.state());
+    if (!k.error().empty()) out << ": " << PrintableShort(k.error());
+    out << "\n";
+  }
+  if (d.reductions_size() > 0) {
+    const v1::GradReduction& r = d.reductions(d.reductions_size() - 1);
+    out << "  reduction at step " << r.step() << " (sequence " << r.sequence() << "): local norm "
+        << FormatSignificant(r.local_norm(), 6) << " (" << r.local_non_finite()
+        << " non-finite), reduced " << FormatSignificant(r.global_norm(), 6) << " ("
+        << r.global_non_finite() << " non-finite), divisor " << FormatSignificant(r.divisor(), 6)
+        << "\n";
+  }
+  if (d.has_agreement()) {
+    const v1::TriggerAgreement& a = d.agreement();
+    out << "  agreement at step " << a.step() << ": fired";
+    if (a.fired().empty()) out << " none";
+    ShowList(
+        a.fired(), kMaxListed, out,
+        [&out](const v1::RankTrigger& f) {
+          out << " " << f.rank() << ":" << v1::TriggerKind_Name(f.kind());
+        },
+        "");
+    if (!a.missing_ranks().empty()) {
+      out << "; missing";
+      for (int m : a.missing_ranks()) out << " " << m;
+    }
+    if (!a.error().empty()) out << "; " << PrintableShort(a.error());
+    out << "\n";
+  }
+  if (!d.dump_reason().empty()) out << "  dump: " << PrintableShort(d.dump_reason()) << "\n";
 }
 
 void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out) {
@@ -176,6 +224,7 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
         << env.intra_op_threads() << " intra-op threads, " << PrintableShort(env.compiler()) << ", "
         << PrintableShort(env.os()) << "\n";
   }
+  if (c.has_distributed()) Distributed(c, out);
   ShowList(
       c.capture_notes(), kMaxListed, out,
       [&out](const std::string& note) { out << "capture note: " << PrintableShort(note) << "\n"; },

@@ -22,6 +22,7 @@ namespace capsule {
 namespace {
 
 using internal::BaseName;
+using internal::ShellQuote;
 
 std::string PhaseName(v1::Phase p) {
   switch (p) {
@@ -52,18 +53,6 @@ std::string Join(const std::vector<std::string>& parts, const char* sep) {
     out += parts[i];
   }
   return out;
-}
-
-// The commands are meant to be pasted into a shell: quote a file name that needs it.
-std::string ShellQuote(const std::string& s) {
-  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) {
-    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' ||
-           ch == '+' || ch == '/';
-  });
-  if (plain) return s;
-  std::string out = "'";
-  for (const char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
 }
 
 // Applies ReportLimits while the model is built: cuts strings and lists, and keeps count of what

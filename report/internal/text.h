@@ -23,6 +23,9 @@ std::string HtmlEscape(std::string_view s);
 // "https:&#8203;//" and "www." becomes "www&#8203;." (a zero-width space breaks the pattern and
 // shows nothing).
 std::string MarkdownEscape(std::string_view s);
+// `s` as one shell word: as it is when it holds only letters, digits and "._-+/", else in single
+// quotes. The commands a report suggests are meant to be pasted into a shell.
+std::string ShellQuote(const std::string& s);
 // The part after the last '/'.
 std::string BaseName(std::string_view path);
 
