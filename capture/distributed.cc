@@ -348,6 +348,7 @@ void Distributed::Impl::WatchdogLoop() {
     if (!hang.empty()) {
       // Peers first: the stuck rank may be one that is not in a collective at all.
       SetDumpKey(hang);
+      last_dump_seen = hang;  // our own request: nothing to dump again when we read it back
       {
         std::lock_guard<std::mutex> lock(mu);
         watchdog_position = "writing a HANG capsule";
