@@ -23,6 +23,7 @@
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
+#include "samples/tiny_gpt/train_distributed.h"
 
 namespace capsule::tiny_gpt {
 namespace {
@@ -403,10 +404,43 @@ int main(int argc, char** argv) {
   train->add_flag("--quiet", o.quiet, "Print only triggers and the summary");
   train->add_option("--scalars-out", o.scalars_out,
                     "Write each step's loss, grad norm and trigger to this CSV file");
+  // Data-parallel: --world-size N forks N ranks over ProcessGroupGloo on 127.0.0.1.
+  capsule::tiny_gpt::DistributedTrainOptions d;
+  train
+      ->add_option("--world-size", d.world_size,
+                   "Data-parallel ranks (2 to 16): one process each, over c10d's Gloo")
+      ->check(CLI::Range(1, 16));
+  train->add_option("--fault", d.fault,
+                    "Distributed fault (with --world-size): none, rank-nan, skip-collective, "
+                    "count-mismatch, no-average, desync, uneven-data, stall");
+  train->add_option("--fault-rank", d.fault_rank, "The rank of the distributed fault");
+  train->add_option("--timeout", d.timeout_seconds, "The process group's timeout in seconds")
+      ->check(CLI::PositiveNumber);
+  train
+      ->add_option("--watchdog", d.watchdog_seconds,
+                   "Hang period in seconds (default: a quarter of --timeout)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_flag("--unarmed", d.unarmed, "Distributed: no Monitor (the bench's baseline)");
+  train->add_flag("--timing", d.timing, "Distributed: print rank 0's median step time");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (train->count("--world-size") > 0 && d.world_size > 1) {
+    d.steps = train->count("--steps") > 0 ? o.steps : d.steps;
+    d.layers = train->count("--layers") > 0 ? o.layers : d.layers;
+    d.batch_size = train->count("--batch-size") > 0 ? o.batch_size : d.batch_size;
+    d.seed = o.seed;
+    d.lr = o.lr;
+    d.capsule_dir = o.capsule_dir;
+    d.key = o.key;
+    d.run_name = o.run_name;
+    d.quiet = o.quiet;
+    d.capture_at_step = o.capture_at_step;
+    if (train->count("--inject-step") > 0) d.fault_step = o.inject_step;
+    if (train->count("--inject-layer") > 0) d.fault_layer = o.inject_layer;
+    return capsule::tiny_gpt::RunDistributedTrain(d);
   }
   return capsule::tiny_gpt::RunTrain(o);
 }

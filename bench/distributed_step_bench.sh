@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Armed vs unarmed data-parallel step on 2 ranks (c10d's Gloo on 127.0.0.1, one core per rank).
+# Each run alternates blocks of 10 steps: armed (the Monitor with a Distributed attached: the
+# collective ring, the per-step parameter fingerprint, the EndStep agreement all-reduce, gradient
+# health around the reduction) and unarmed (the same collectives straight on the group: the
+# gradient all-reduce and one small all-reduce per step). Within one run both see the same
+# machine; step times move by up to 50% from run to run here, more than the difference measured.
+# Prints each run's ratio of medians and the median of the runs' ratios.
+#   bench/distributed_step_bench.sh build/samples/capsule-tiny-gpt [RUNS] [STEPS]
+set -euo pipefail
+trainer=$1
+runs=${2:-5}
+steps=${3:-400}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+lines=()
+for ((i = 0; i < runs; ++i)); do
+  line=$("$trainer" train --world-size 2 --steps "$steps" --quiet --timing \
+    --capsule-dir "$work/c$i" | grep '^rank 0: median step armed')
+  echo "$line"
+  lines+=("$(sed 's/.*: \([0-9.]*\)$/\1/' <<< "$line")")
+done
+/usr/bin/python3 - "${lines[*]}" <<'PY'
+import statistics, sys
+r = [float(x) for x in sys.argv[1].split()]
+print(f"armed / unarmed: median of {len(r)} runs = {statistics.median(r):.3f} "
+      f"(min {min(r):.3f}, max {max(r):.3f})")
+PY
