@@ -13,6 +13,7 @@
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
 #include "capsule/format/internal/little_endian.h"
+#include "samples/golden/golden_capsules.h"
 
 namespace capsule::test {
 using ::capsule::internal::LoadLe16;
@@ -379,68 +380,7 @@ v1::Capsule MakeFullCapsule() {
   event->set_kind("data_mixture");
   event->set_detail("code share 10% -> 20%");
 
-  v1::Distributed* dist = c.mutable_distributed();
-  dist->set_run_id("run-5f3a9c");
-  dist->set_backend("gloo");
-  dist->set_group_name("default_pg");
-  dist->set_sequence_base(1804289384);
-  for (int i = 0; i < 2; ++i) {
-    v1::Collective* k = dist->add_collectives();
-    k->set_sequence(40 + i);
-    k->set_op("allreduce");
-    k->set_tag(i == 0 ? "grads" : "capsule.agree");
-    k->set_group("default_pg");
-    k->add_ranks(0);
-    k->add_ranks(1);
-    k->set_dtype("float32");
-    k->set_numel(i == 0 ? 1024 : 8);
-    k->add_in_shapes()->add_dims(k->numel());
-    k->add_out_shapes()->add_dims(k->numel());
-    k->set_reduce_op("sum");
-    k->set_root(1);
-    k->set_state(i == 0 ? v1::COMPLETED : v1::FAILED);
-    k->set_enqueued_unix_micros(1700000000000000 + i);
-    k->set_completed_unix_micros(1700000000000100 + i);
-    k->set_error(i == 0 ? "" : "Connection closed by peer");
-    k->set_step(7);
-  }
-  v1::GradReduction* reduction = dist->add_reductions();
-  reduction->set_step(7);
-  reduction->set_sequence(40);
-  reduction->set_local_norm(INFINITY);
-  reduction->set_local_non_finite(3);
-  reduction->set_global_norm(INFINITY);
-  reduction->set_global_non_finite(3);
-  reduction->set_divisor(2);
-  reduction->add_rank_local_norms(1.5);
-  reduction->add_rank_local_norms(INFINITY);
-  reduction->add_rank_local_non_finite(0);
-  reduction->add_rank_local_non_finite(3);
-  v1::StepFingerprint* fp = dist->add_fingerprints();
-  fp->set_step(7);
-  fp->set_params("0123456789abcdef");
-  fp->set_replicated_rng("00000000000000aa");
-  fp->set_local_rng("00000000000000bb");
-  fp->set_cursor_epoch(1);
-  fp->set_cursor_offset(56);
-  fp->set_sample_ids("00000000000000cc");
-  v1::TriggerAgreement* agree = dist->mutable_agreement();
-  agree->set_step(7);
-  v1::RankTrigger* fired = agree->add_fired();
-  fired->set_rank(1);
-  fired->set_kind(v1::NON_FINITE_LOSS);
-  agree->add_missing_ranks(0);
-  agree->set_error("Connection closed by peer");
-  v1::ThreadPosition* thread = dist->add_threads();
-  thread->set_thread("trainer");
-  thread->set_position("collective grads (sequence 40)");
-  thread->set_step(7);
-  thread->set_seconds(3.5);
-  dist->set_last_step(7);
-  dist->set_watchdog_seconds(3);
-  dist->set_timeout_seconds(10);
-  dist->set_dump_key("capsule/run-5f3a9c/dump");
-  dist->set_dump_reason("rank 1: HANG at step 7, sequence 41");
+  golden::FillDistributed(c.mutable_distributed(), 1700000000000000);
 
   c.add_capture_notes("data.sequences[1]: raw sample is not valid UTF-8; stored in raw_bytes");
   (*c.mutable_annotations())["experiment"] = "exp-42";
