@@ -162,6 +162,9 @@ struct Distributed::Impl {
 
   // Captures a HANG or COLLECTIVE_ERROR capsule of the current step, once per kind and step.
   bool RaiseIncident(TriggerKind kind, const std::string& reason) {
+    // Held across the call, so that SetIncidentHandler can wait out a capture in flight before
+    // its owner (the Monitor) goes away.
+    std::lock_guard<std::mutex> one_at_a_time(incident_mu);
     IncidentHandler h;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -169,7 +172,6 @@ struct Distributed::Impl {
       h = handler;
     }
     if (!h) return false;
-    std::lock_guard<std::mutex> one_at_a_time(incident_mu);
     try {
       return h(kind, reason);
     } catch (...) {
@@ -449,8 +451,12 @@ const std::string& Distributed::run_id() const { return impl_->run_id; }
 c10d::ProcessGroup& Distributed::process_group() { return *impl_->pg; }
 
 void Distributed::SetIncidentHandler(IncidentHandler handler) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->handler = std::move(handler);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->handler = std::move(handler);
+  }
+  // A capture that already took the old handler finishes before this returns.
+  std::lock_guard<std::mutex> wait(impl_->incident_mu);
 }
 
 void Distributed::SetPosition(const std::string& position) {

@@ -156,6 +156,7 @@ class Distributed {
   // A capture the Distributed asks for: a HANG or COLLECTIVE_ERROR capsule of the current step,
   // from the snapshot and without a re-run (another thread may be in the model). `reason` is the
   // trigger message. Returns whether a capsule was written.
+  // Replacing it (with nullptr: none) waits for a capture in flight through the old one.
   using IncidentHandler = std::function<bool(TriggerKind kind, const std::string& reason)>;
   void SetIncidentHandler(IncidentHandler handler);
   // Step begins: the fingerprint of the parameters at the step's start, the RNG state bytes by
