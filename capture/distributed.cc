@@ -21,7 +21,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "capsule/format/dtype.h"
 #include "capsule/probe/health_stats.h"
+#include "capsule/probe/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
@@ -48,25 +50,6 @@ std::string Hex16(uint64_t v) {
 std::string ErrorText(const std::exception& e) {
   if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
-}
-
-std::string DTypeText(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kHalf:
-      return "float16";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kLong:
-      return "int64";
-    case at::kInt:
-      return "int32";
-    default:
-      return c10::toString(t.scalar_type());
-  }
 }
 
 uint64_t Mix(uint64_t h) {
@@ -208,7 +191,7 @@ struct Distributed::Impl {
         for (int64_t d : t.sizes()) s->add_dims(d);
         *rec.add_out_shapes() = *s;
       }
-      if (!in.empty()) rec.set_dtype(DTypeText(in.front()));
+      if (!in.empty()) rec.set_dtype(DTypeName(DTypeFromScalarType(in.front().scalar_type())));
       rec.set_numel(numel);
       rec.set_reduce_op(reduce_op);
       rec.set_root(root);
@@ -675,8 +658,7 @@ AgreementResult Distributed::Agree(int64_t step, TriggerKind local, int loss_ran
   return result;
 }
 
-void Distributed::FillSection(TriggerKind kind, v1::Capsule* capsule) {
-  (void)kind;
+void Distributed::FillSection(v1::Capsule* capsule) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   v1::Distributed& d = *capsule->mutable_distributed();
   d.set_run_id(impl_->run_id);

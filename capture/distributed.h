@@ -168,8 +168,8 @@ class Distributed {
   // `loss_ranks` the ranks the step's loss normaliser spans (LossSpec::ranks; <= 1: rank-local,
   // so the gradient reduction must be a mean).
   AgreementResult Agree(int64_t step, TriggerKind local, int loss_ranks);
-  // The rank's Distributed section, for a capsule of `kind`.
-  void FillSection(TriggerKind kind, v1::Capsule* capsule);
+  // The rank's Distributed section and placement, into `capsule`.
+  void FillSection(v1::Capsule* capsule);
   void SetPosition(const std::string& position);
 
   struct Impl;  // opaque; public so that the process's terminate handler can reach it

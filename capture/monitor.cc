@@ -516,7 +516,7 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   CAPSULE_ASSIGN_OR_RETURN(
       internal::BuiltCapsule built,
       internal::BuildCapsule(snap, rerun ? &*rerun : nullptr, context, options_));
-  if (distributed_) distributed_->FillSection(fired.kind, &built.capsule);
+  if (distributed_) distributed_->FillSection(&built.capsule);
   const auto& history = state_->history;
   if (incident && !history.empty() && history.back().first == snap.step) {
     built.capsule.add_capture_notes(

@@ -92,7 +92,7 @@ TEST(DistributedTest, AMeanReductionRecordsBothSidesAndAgreesOnTriggersAndReplic
     d.OnBeginStep(0, params, {{"sampler", "state-" + std::to_string(rank)}}, 0, 8, {"a", "b"});
     stats[rank] = d.ReduceGradients(params, GradReduce::kMean);
     results[rank] = d.Agree(0, rank == 1 ? TriggerKind::kNonFiniteLoss : TriggerKind::kNone, 1);
-    d.FillSection(TriggerKind::kPeerTrigger, &capsules[rank]);
+    d.FillSection(&capsules[rank]);
   });
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE(rank);
