@@ -2,6 +2,8 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream.h>
+#include <google/protobuf/wire_format.h>
+#include <google/protobuf/wire_format_lite.h>
 #include <sys/mman.h>
 
 #include <cctype>
@@ -9,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
@@ -113,16 +116,101 @@ class StringWriter final : public AtomicFileWriter {
   std::string* const out_;
 };
 
+using google::protobuf::internal::WireFormat;
+using google::protobuf::internal::WireFormatLite;
+
+// TensorBlob.data's tag: field 3, length-delimited.
+constexpr uint32_t kBlobDataTag = 3 << 3 | WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
+
+// The view that stands for tensors(i).data, empty when its bytes are in the message.
+std::string_view ViewOf(const WriteOptions& options, int i) {
+  return options.tensor_data == nullptr ? std::string_view() : (*options.tensor_data)[i];
+}
+
+// What the serialized message grows by when the views are written as its tensors' data: each
+// blob by the data field, the capsule by that and the longer length prefix of the blob. Needs the
+// sizes ByteSizeLong cached.
+size_t ViewsSize(const v1::Capsule& capsule, const WriteOptions& options) {
+  size_t extra = 0;
+  for (int i = 0; i < capsule.tensors_size(); ++i) {
+    const std::string_view v = ViewOf(options, i);
+    if (v.empty()) continue;
+    const size_t blob = static_cast<size_t>(capsule.tensors(i).GetCachedSize());
+    const size_t field = 1 + WireFormatLite::LengthDelimitedSize(v.size());
+    extra += field + WireFormatLite::UInt64Size(blob + field) - WireFormatLite::UInt64Size(blob);
+  }
+  return extra;
+}
+
+// The message with the views in place, as SerializeWithCachedSizes writes it with the fields
+// filled in: fields in number order (as generated code and deterministic serialization order
+// them), every field but the tensors' data as protobuf writes it, and the data of a blob whose
+// bytes are outside the message written between its fields 2 and 4, aliased, so the bytes go
+// from where they lie straight into zstd.
+void SerializeWithViews(const v1::Capsule& capsule, const WriteOptions& options,
+                        google::protobuf::io::CodedOutputStream* out) {
+  const google::protobuf::Reflection* reflection = capsule.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(capsule, &fields);  // sorted by number
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->number() != v1::Capsule::kTensorsFieldNumber) {
+      WireFormat::SerializeFieldWithCachedSizes(field, capsule, out);
+      continue;
+    }
+    for (int i = 0; i < capsule.tensors_size(); ++i) {
+      const v1::TensorBlob& blob = capsule.tensors(i);
+      const std::string_view v = ViewOf(options, i);
+      if (v.empty()) {
+        WireFormatLite::WriteMessage(field->number(), blob, out);
+        continue;
+      }
+      const size_t data_field = 1 + WireFormatLite::LengthDelimitedSize(v.size());
+      WireFormatLite::WriteTag(field->number(), WireFormatLite::WIRETYPE_LENGTH_DELIMITED, out);
+      out->WriteVarint64(static_cast<uint64_t>(blob.GetCachedSize()) + data_field);
+      std::vector<const google::protobuf::FieldDescriptor*> blob_fields;
+      blob.GetReflection()->ListFields(blob, &blob_fields);
+      bool data_written = false;
+      auto write_data = [&] {
+        out->WriteVarint32(kBlobDataTag);
+        out->WriteVarint64(v.size());
+        out->WriteRawMaybeAliased(v.data(), static_cast<int>(v.size()));
+        data_written = true;
+      };
+      for (const google::protobuf::FieldDescriptor* f : blob_fields) {
+        if (!data_written && f->number() > v1::TensorBlob::kDataFieldNumber) write_data();
+        WireFormat::SerializeFieldWithCachedSizes(f, blob, out);
+      }
+      if (!data_written) write_data();
+      WireFormat::SerializeUnknownFields(blob.GetReflection()->GetUnknownFields(blob), out);
+    }
+  }
+  WireFormat::SerializeUnknownFields(reflection->GetUnknownFields(capsule), out);
+}
+
 // What is refused before anything is written: the content rules, and protobuf's size limit.
 // Returns the size of the serialized message.
 StatusOr<size_t> CheckWritable(const v1::Capsule& capsule, const WriteOptions& options) {
+  const TensorDataViews* views = options.tensor_data;
+  if (views != nullptr && views->size() != static_cast<size_t>(capsule.tensors_size())) {
+    return InvalidArgumentError("tensor data views: " + std::to_string(views->size()) +
+                                " given for " + std::to_string(capsule.tensors_size()) +
+                                " tensors");
+  }
   if (options.validate) {
     ValidateOptions vopts;
     vopts.verify_tensor_digests = options.verify_tensor_digests;
+    vopts.tensor_data = views;
     Status s = ValidateCapsule(capsule, vopts);
     if (!s.ok()) return s.WithContext("refusing to write an invalid capsule");
+  } else if (views != nullptr) {
+    for (int i = 0; i < capsule.tensors_size(); ++i) {
+      if (!(*views)[i].empty() && !capsule.tensors(i).data().empty()) {
+        return InvalidArgumentError("tensors[" + std::to_string(i) +
+                                    "]: data is both in the message and held outside it");
+      }
+    }
   }
-  const size_t size = capsule.ByteSizeLong();
+  const size_t size = capsule.ByteSizeLong() + ViewsSize(capsule, options);
   if (size > static_cast<size_t>(INT_MAX)) {
     return ResourceExhaustedError("capsule of " + std::to_string(size) +
                                   " bytes is over protobuf's 2 GiB message limit; embed fewer "
@@ -163,7 +251,11 @@ Status EncodeInto(const v1::Capsule& capsule, size_t size, const WriteOptions& o
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
     coded.EnableAliasing(true);
-    capsule.SerializeWithCachedSizes(&coded);
+    if (options.tensor_data == nullptr) {
+      capsule.SerializeWithCachedSizes(&coded);
+    } else {
+      SerializeWithViews(capsule, options, &coded);
+    }
   }
   stream.Flush();
   constexpr char kReadersRefuse[] = "refusing to write a capsule readers refuse";

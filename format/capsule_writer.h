@@ -1,7 +1,8 @@
 // Writing capsules: EncodeCapsule (a pure function from message to bytes) and WriteCapsuleFile
 // (the same bytes, encoded straight into an atomic, fsynced write).
 //
-// Encoding serializes the message deterministically, compresses it into one zstd frame with content
+// Encoding serializes the message deterministically (tensor bytes may stay outside it, in
+// WriteOptions::tensor_data), compresses it into one zstd frame with content
 // size and checksum, and seals it in the envelope with the digest and, when a key is given, an
 // Ed25519 signature (proto/FORMAT.md). The same message and options always give the same bytes.
 //
@@ -19,6 +20,7 @@
 #include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/signing.h"
+#include "capsule/format/validate.h"
 
 namespace capsule {
 
@@ -47,6 +49,11 @@ struct WriteOptions {
   // is never lost to a later one of the same name (kAlreadyExists instead); a target that is not
   // a regular file is refused either way (base/file_util.h).
   bool overwrite = false;
+  // Tensor bytes held outside the message (validate.h, TensorDataViews): each non-empty entry is
+  // written as that TensorBlob's data, straight from where it lies, so a capture of a model's
+  // weights never holds them twice. The capsule is byte for byte the one the message with those
+  // fields filled in makes. Not owned; the bytes must not change until the call returns.
+  const TensorDataViews* tensor_data = nullptr;
 };
 
 StatusOr<std::string> EncodeCapsule(const v1::Capsule& capsule, const WriteOptions& options);

@@ -522,21 +522,31 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     }
   }
 
+  const TensorDataViews* views = options.tensor_data;
+  if (views != nullptr && views->size() != static_cast<size_t>(c.tensors_size())) {
+    return InvalidArgumentError("tensor data views: " + std::to_string(views->size()) +
+                                " given for " + std::to_string(c.tensors_size()) + " tensors");
+  }
   std::set<std::string> tensor_names;
   for (int i = 0; i < c.tensors_size(); ++i) {
     const v1::TensorBlob& t = c.tensors(i);
     const std::string where = "tensors[" + std::to_string(i) + "] (" + t.name() + ")";
     if (t.name().empty()) return Invalid(where, "name must be set");
     if (!tensor_names.insert(t.name()).second) return Invalid(where, "duplicate name");
+    std::string_view data = t.data();
+    if (views != nullptr && !(*views)[i].empty()) {
+      if (!data.empty()) return Invalid(where, "data is both in the message and held outside it");
+      data = (*views)[i];
+    }
     int64_t numel = 0;
     CAPSULE_RETURN_IF_ERROR(ValidateMeta(where, t.meta(), &numel));
     const uint64_t expected = static_cast<uint64_t>(numel) * DTypeElementSize(t.meta().dtype());
-    if (t.data().size() != expected) {
-      return Invalid(where, "data is " + std::to_string(t.data().size()) + " bytes, expected " +
+    if (data.size() != expected) {
+      return Invalid(where, "data is " + std::to_string(data.size()) + " bytes, expected " +
                                 std::to_string(expected) + " for " + ShapeString(t.meta()));
     }
     if (!IsSha256Hex(t.sha256())) return Invalid(where, "sha256 must be 64 lowercase hex");
-    if (options.verify_tensor_digests && Sha256Hex(t.data()) != t.sha256()) {
+    if (options.verify_tensor_digests && Sha256Hex(data) != t.sha256()) {
       return Invalid(where, "sha256 does not match data");
     }
   }

@@ -13,6 +13,7 @@
 #define CAPSULE_FORMAT_VALIDATE_H_
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "capsule/base/status.h"
@@ -20,9 +21,16 @@
 
 namespace capsule {
 
+// The bytes of Capsule.tensors(i).data, held outside the message (a live tensor's storage): one
+// entry per TensorBlob, a non-empty entry standing for that blob's data field, which must then be
+// empty. What a writer checks and writes is the message with each such field filled in.
+using TensorDataViews = std::vector<std::string_view>;
+
 struct ValidateOptions {
   // Recompute each TensorBlob's SHA-256 (costs one hash pass over all embedded tensor bytes).
   bool verify_tensor_digests = true;
+  // Not owned; see TensorDataViews. Null: every tensor's bytes are in the message.
+  const TensorDataViews* tensor_data = nullptr;
 };
 
 // kInvalidArgument naming the first rule broken.

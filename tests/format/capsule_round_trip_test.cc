@@ -7,6 +7,7 @@
 #include <functional>
 #include <utility>
 
+#include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
@@ -16,6 +17,7 @@
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "tests/format/capsule_test_util.h"
+#include "tests/format/temp_dir.h"
 
 namespace capsule::test {
 using ::capsule::internal::LoadLe16;
@@ -160,6 +162,79 @@ TEST_F(RoundTripTest, PayloadsLargerThanAnyBufferRoundTrip) {
     EXPECT_TRUE(MessageDifferencer::Equals(*c, *d->capsule));
     EXPECT_EQ(EncodeSigned(*d->capsule), bytes);
   }
+}
+
+// Tensor bytes held outside the message (a live model's weights) give the capsule the message
+// with them filled in makes, byte for byte: small and large tensors, the first and the last, one
+// whose blob has fields past the digest, next to a blob that holds its own bytes, in the full
+// capsule whose map and later fields follow the tensors.
+TEST_F(RoundTripTest, TensorBytesHeldOutsideTheMessageGiveTheSameCapsule) {
+  v1::Capsule filled = MakeFullCapsule();
+  const std::string big = Incompressible((size_t{3} << 20) + 17);  // a longer length prefix
+  SetTensor(filled.add_tensors(), "outside.big", v1::UINT8, {static_cast<int64_t>(big.size())},
+            big);
+  v1::TensorBlob* small = filled.add_tensors();
+  SetTensor(small, "outside.small", v1::FLOAT32, {2}, std::string(8, '\x3f'));
+  small->set_role(v1::PARAMETER);  // fields 5 and 6 after the digest
+  small->set_layer("blocks.0");
+  ASSERT_GE(filled.tensors_size(), 4);
+
+  v1::Capsule hollow = filled;
+  std::vector<std::string> kept(static_cast<size_t>(hollow.tensors_size()));
+  TensorDataViews views(kept.size());
+  for (int i = 0; i < hollow.tensors_size(); ++i) {
+    if (i == 1) continue;  // one that keeps its bytes in the message
+    kept[i] = hollow.tensors(i).data();
+    views[i] = kept[i];
+    hollow.mutable_tensors(i)->clear_data();
+  }
+  const PrivateKey* keys[] = {&key_, nullptr};
+  for (const PrivateKey* key : keys) {
+    WriteOptions w;
+    w.signing_key = key;
+    const std::string expected = OrDie(EncodeCapsule(filled, w));
+    w.tensor_data = &views;
+    EXPECT_EQ(OrDie(EncodeCapsule(hollow, w)), expected);
+    const TempDir dir;
+    ASSERT_TRUE(WriteCapsuleFile(dir.path() + "/c.capsule", hollow, w).ok());
+    EXPECT_EQ(OrDie(ReadFileBytes(dir.path() + "/c.capsule", uint64_t{1} << 30)), expected);
+  }
+}
+
+TEST_F(RoundTripTest, TensorBytesHeldOutsideTheMessageAreChecked) {
+  v1::Capsule c = MakeFullCapsule();
+  ASSERT_GE(c.tensors_size(), 2);
+  std::string bytes = c.tensors(0).data();
+  c.mutable_tensors(0)->clear_data();
+  TensorDataViews views(static_cast<size_t>(c.tensors_size()));
+  views[0] = bytes;
+  WriteOptions w;
+  w.tensor_data = &views;
+  ASSERT_TRUE(EncodeCapsule(c, w).ok());
+
+  bytes[0] ^= 1;  // the digest no longer matches
+  StatusOr<std::string> wrong = EncodeCapsule(c, w);
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("sha256 does not match data"), std::string::npos);
+  bytes[0] ^= 1;
+
+  views[1] = c.tensors(1).data();  // given twice
+  StatusOr<std::string> twice = EncodeCapsule(c, w);
+  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.status().message().find("both in the message and held outside"),
+            std::string::npos);
+  w.validate = false;
+  EXPECT_EQ(EncodeCapsule(c, w).status().code(), StatusCode::kInvalidArgument);
+  w.validate = true;
+  views[1] = {};
+
+  views.pop_back();  // one view per tensor, or none
+  EXPECT_EQ(EncodeCapsule(c, w).status().code(), StatusCode::kInvalidArgument);
+  views.emplace_back();
+  views[0] = std::string_view(bytes).substr(1);  // short
+  StatusOr<std::string> shortened = EncodeCapsule(c, w);
+  EXPECT_EQ(shortened.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(shortened.status().message().find("bytes, expected"), std::string::npos);
 }
 
 TEST_F(RoundTripTest, MapInsertionOrderDoesNotChangeTheBytes) {
