@@ -7,6 +7,8 @@
 //   BM_CaptureLatency            a step that captures (CaptureNow): the time the trainer is held,
 //                                split into re-run, build and encode+sign+write, each as a
 //                                multiple of the plain step time measured in the same loop
+//   BM_StepsAfterTrigger         the capturing step and the 3 after it, capsule written in the
+//                                trainer's thread or on the background writer
 // Budget (README, Performance): armed / unarmed <= 1.01, armed_probe / unarmed too. Read the ratio
 // within one run:
 //   capsule_bench --benchmark_filter=TinyGptStep --benchmark_repetitions=5
@@ -132,6 +134,76 @@ void BM_CaptureLatency(benchmark::State& state) {
 }
 
 BENCHMARK(BM_CaptureLatency)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(3.0);
+
+// The steps around a capture, with the capsule written in the trainer's thread (arg 0) or on the
+// background writer (arg 1), for a model of d_model = range(1) (its capsule embeds every weight).
+// Each iteration: 4 plain steps (their mean is the reference), a step that captures (CaptureNow
+// after its backward), then 3 more steps, each timed; the writes are waited for after them,
+// untimed. Counters, as multiples of the plain step: trigger_x (the capturing step, capture
+// included) and after1_x..after3_x (the steps right after it, which share the CPU with a write
+// still in progress).
+void BM_StepsAfterTrigger(benchmark::State& state) {
+  at::set_num_threads(1);
+  tiny_gpt::TinyGptConfig config;
+  config.d_model = state.range(1);
+  auto model = std::move(*tiny_gpt::TinyGpt::Create(config));
+  auto loader = *tiny_gpt::CorpusLoader::Open(tiny_gpt::CorpusPath(), {8, config.seq_len, 0});
+  std::vector<at::Tensor> params = model->parameters();
+  torch::optim::Adam optimizer(params, torch::optim::AdamOptions(1e-4));
+  MonitorOptions options;
+  options.capsule_dir = (std::filesystem::temp_directory_path() / "capsule-bench-after").string();
+  options.log_sink = [](const std::string&) {};
+  options.max_capsules = 1 << 30;
+  options.min_steps_between_same_kind = 0;
+  options.background_write = state.range(0) == 1;
+  Monitor monitor(options);
+  monitor.AttachModel(model.get(), PathKind::kOptimized);
+  int64_t step = 0;
+  double plain_s = 0, trigger_s = 0, after_s[3] = {0, 0, 0}, bytes = 0;
+  int64_t rounds = 0;
+  auto train = [&](bool capture) {
+    tiny_gpt::CorpusBatch cb = loader.Next();
+    model->SetStep(step);
+    const auto t0 = std::chrono::steady_clock::now();
+    monitor.BeginStep(step, DataCursor{}, StepBatch{cb.batch, {}, {}, 0, 0, {}, {}});
+    optimizer.zero_grad();
+    RunSequence(model->Path(PathKind::kOptimized), cb.batch).backward();
+    std::string path;
+    if (capture) path = monitor.CaptureNow("bench").capsule_path;
+    optimizer.step();
+    ++step;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return std::make_pair(s, path);
+  };
+  for (auto _ : state) {
+    for (int i = 0; i < 4; ++i) plain_s += train(false).first / 4;
+    const auto [held, path] = train(true);
+    trigger_s += held;
+    for (double& a : after_s) a += train(false).first;
+    monitor.WaitForWrites();
+    if (path.empty() || !std::filesystem::exists(path)) {
+      state.SkipWithError("no capsule written");
+      break;
+    }
+    bytes = static_cast<double>(std::filesystem::file_size(path));
+    std::filesystem::remove(path);
+    ++rounds;
+  }
+  if (rounds == 0 || plain_s <= 0) return;
+  state.counters["step_ms"] = 1e3 * plain_s / static_cast<double>(rounds);
+  state.counters["trigger_x"] = trigger_s / plain_s;
+  state.counters["after1_x"] = after_s[0] / plain_s;
+  state.counters["after2_x"] = after_s[1] / plain_s;
+  state.counters["after3_x"] = after_s[2] / plain_s;
+  state.counters["capsule_MB"] = bytes / 1e6;
+}
+
+BENCHMARK(BM_StepsAfterTrigger)
+    ->ArgNames({"background", "d_model"})
+    ->ArgsProduct({{0, 1}, {64, 512}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(3.0);
 
 BENCHMARK_CAPTURE(BM_TinyGptStep, unarmed, Mode::kUnarmed)
     ->Name("BM_TinyGptStep/unarmed")

@@ -15,6 +15,7 @@
 
 #include "capsule/base/sha256.h"
 #include "capsule/capture/distributed.h"
+#include "capsule/capture/internal/background_writer.h"
 #include "capsule/capture/internal/capsule_builder.h"
 #include "capsule/capture/internal/capture_writer.h"
 #include "capsule/capture/internal/rerun_guard.h"
@@ -62,6 +63,9 @@ struct Monitor::State {
   std::deque<RunEvent> events;
   OptimizerProbe* probe = nullptr;  // set while an OptimizerProbe is attached
   std::optional<internal::PendingCapture> pending;
+  // MonitorOptions::background_write: made at the first capsule it writes.
+  std::unique_ptr<internal::BackgroundWriter> writer;
+  int in_background = 0;  // capsules queued whose write is not collected yet
   // Held by every entry point that touches the state; recursive because they call each other
   // (BeginStep flushes, EndStep captures). Never held across a collective, so that the watchdog
   // of a Distributed can capture while the training thread waits in one.
@@ -142,6 +146,57 @@ Monitor::Monitor(MonitorOptions options)
 Monitor::~Monitor() {
   if (distributed_) distributed_->SetIncidentHandler(nullptr);
   Flush();
+  WaitForWrites();
+  state_->writer.reset();
+}
+
+void Monitor::WaitForWrites() {
+  std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
+  // The writer thread never takes this lock: waiting for it here cannot deadlock.
+  if (state_->writer) state_->writer->Drain();
+  CollectWrites();
+}
+
+void Monitor::CollectWrites() {
+  if (!state_->writer) return;
+  for (internal::FinishedWrite& w : state_->writer->TakeFinished()) {
+    --state_->in_background;
+    FinishReport(w.report.status, w.what, &w.report);
+  }
+}
+
+Status Monitor::WriteOrQueue(v1::Capsule& capsule, const TensorDataViews* held,
+                             std::optional<PrivateKey>& key, const std::string& what, bool incident,
+                             StepReport* report) {
+  // An incident comes from another thread or a dying collective: written at once.
+  // A queued capsule must own its bytes: BuildAndWrite copied them out of the parameters.
+  if (options_.background_write && !incident) {
+    if (!state_->writer) {
+      state_->writer = std::make_unique<internal::BackgroundWriter>(
+          options_, options_.background_queue_depth, options_.background_signal_wait_seconds);
+    }
+    const std::string path = internal::CapturedCapsulePath(capsule, options_);
+    internal::WriteJob job{std::move(capsule), std::move(key), what, *report};
+    job.report.capsule_path = path;
+    job.report.queued = true;
+    if (state_->writer->Push(job)) {
+      ++state_->in_background;
+      report->capsule_path = path;
+      report->queued = true;
+      return Status::Ok();
+    }
+    // The queue is full: written here, as without a background writer (Push left the job).
+    Log("capsule: " + what + ": the background queue is full (" +
+        std::to_string(options_.background_queue_depth) + "); written in the trainer's thread");
+    CAPSULE_ASSIGN_OR_RETURN(
+        report->capsule_path,
+        internal::WriteCapturedCapsule(job.capsule, options_, job.key ? &*job.key : nullptr));
+    return Status::Ok();
+  }
+  CAPSULE_ASSIGN_OR_RETURN(
+      report->capsule_path,
+      internal::WriteCapturedCapsule(capsule, options_, key ? &*key : nullptr, held));
+  return Status::Ok();
 }
 
 void Monitor::AttachDistributed(std::shared_ptr<Distributed> distributed) {
@@ -247,6 +302,7 @@ void Monitor::Emit(const std::string& line) const {
 void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch& batch) {
   std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
   if (state_->pending) Flush();
+  CollectWrites();
   if (!state_->snap) state_->snap.emplace();
   StepSnapshot& s = *state_->snap;
   s.step = step;
@@ -286,6 +342,7 @@ void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch&
 
 StepReport Monitor::EndStep(const StepScalars& scalars) {
   std::unique_lock<std::recursive_timed_mutex> lock(state_->mu);
+  CollectWrites();
   const int64_t step = state_->snap ? state_->snap->step : 0;
   // Triggers compare against the history *before* this step.
   FiredTrigger fired = CheckTriggers(options_, state_->history, scalars);
@@ -368,7 +425,8 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   const int64_t step = state_->snap ? state_->snap->step : 0;
   const std::string what =
       std::string(TriggerKindName(fired.kind)) + " at step " + std::to_string(step);
-  const int attempts = capsules_written_ + captures_failed_ + (state_->pending ? 1 : 0);
+  const int attempts =
+      capsules_written_ + captures_failed_ + (state_->pending ? 1 : 0) + state_->in_background;
   if (attempts >= options_.max_capsules) {
     report.rate_limited = true;
     report.summary = what + ": no capsule (limit of " + std::to_string(options_.max_capsules) +
@@ -394,7 +452,7 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   // The capture must never take the trainer down: everything below is fenced.
   Status s;
   try {
-    s = BuildAndWrite(fired, message, incident, &report);
+    s = BuildAndWrite(fired, message, what, incident, &report);
   } catch (const c10::Error& e) {
     s = InternalError(std::string("capture failed: ") + e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -410,6 +468,12 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
     state_->pending->what = what;
     state_->pending->report = report;
     report.summary = what + ": capsule built; written after the optimizer step";
+    return report;
+  }
+  if (s.ok() && report.queued) {
+    report.summary = what + ": capsule queued for " + report.capsule_path;
+    Emit("capsule: " + report.summary);
+    Log("capsule: " + report.summary);
     return report;
   }
   FinishReport(s, what, &report);
@@ -447,10 +511,16 @@ StepReport Monitor::WritePending() {
         "optimizer: the step after the capture was not observed (OptimizerProbe::AfterStep was "
         "not called before the next step)");
   }
-  StatusOr<std::string> path =
-      internal::WriteCapturedCapsule(p.capsule, options_, p.key ? &*p.key : nullptr);
-  if (path.ok()) report.capsule_path = *path;
-  FinishReport(path.status(), p.what, &report);
+  const auto write_start = std::chrono::steady_clock::now();
+  const Status s = WriteOrQueue(p.capsule, nullptr, p.key, p.what, /*incident=*/false, &report);
+  report.write_seconds += SecondsSince(write_start);
+  if (s.ok() && report.queued) {
+    report.summary = p.what + ": capsule queued for " + report.capsule_path;
+    Emit("capsule: " + report.summary);
+    Log("capsule: " + report.summary);
+    return report;
+  }
+  FinishReport(s, p.what, &report);
   return report;
 }
 
@@ -473,8 +543,8 @@ void Monitor::FinishReport(const Status& s, const std::string& what, StepReport*
   Log("capsule: " + report.summary);
 }
 
-Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& message, bool incident,
-                              StepReport* report) {
+Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& message,
+                              const std::string& what, bool incident, StepReport* report) {
   if (!state_->snap) return FailedPreconditionError("EndStep/CaptureNow called before BeginStep");
   const StepSnapshot& snap = *state_->snap;
   // Load the key first: without it there is no capsule, and the re-run would be wasted.
@@ -529,6 +599,12 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   const v1::Capsule& c = built.capsule;
   report->rerun_reproduced = c.trigger().capture_rerun() == v1::RERUN_REPRODUCED;
   report->first_anomalous_layer = c.numerics().first_anomalous_layer();
+  const auto write_start = std::chrono::steady_clock::now();
+  if (incident || state_->probe != nullptr || options_.background_write) {
+    // The parameters will move before the capsule is written (the trainer's optimizer step, or
+    // the trainer thread running on while another thread captures or writes): copy their bytes.
+    internal::OwnTensorBytes(&built);
+  }
   if (state_->probe != nullptr && !incident) {
     // The optimizer section comes from the trainer's own step, after this returns.
     state_->pending = internal::PendingCapture{std::move(built.capsule), std::move(key), {}, ""};
@@ -536,9 +612,8 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
     return Status::Ok();
   }
 
-  const auto write_start = std::chrono::steady_clock::now();
-  CAPSULE_ASSIGN_OR_RETURN(report->capsule_path,
-                           internal::WriteCapturedCapsule(c, options_, key ? &*key : nullptr));
+  CAPSULE_RETURN_IF_ERROR(
+      WriteOrQueue(built.capsule, &built.tensor_data, key, what, incident, report));
   report->write_seconds = SecondsSince(write_start);
   return Status::Ok();
 }

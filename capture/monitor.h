@@ -38,6 +38,8 @@
 #include "capsule/base/status.h"
 #include "capsule/capture/spike_rule.h"
 #include "capsule/format/capsule_fwd.h"
+#include "capsule/format/signing.h"
+#include "capsule/format/validate.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
 #include "capsule/probe/trigger_rule.h"
@@ -100,6 +102,20 @@ struct MonitorOptions {
   bool trigger_grad_norm_spike = true;
   SpikeRule loss_spike = {/*window=*/50, /*warmup=*/50, /*mads=*/6.0, /*min_ratio=*/2.0};
   SpikeRule grad_norm_spike = {/*window=*/50, /*warmup=*/50, /*mads=*/6.0, /*min_ratio=*/20.0};
+
+  // Write capsules on a background thread (capture/internal/background_writer.h): the trainer is
+  // held for the re-run, the build and a copy of the embedded tensor bytes (the next optimizer
+  // step moves the weights), and goes on while the capsule is encoded, compressed, signed and
+  // written. At most `background_queue_depth` capsules wait or are being written; a capture that
+  // finds the queue full is written in the trainer's thread, as with this off (nothing is
+  // dropped, and the memory held stays bounded). Queued capsules are written before the Monitor
+  // is destroyed, at exit(), and on a fatal signal (SIGTERM, SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+  // SIGABRT), whose handler waits up to `background_signal_wait_seconds` for them before the
+  // signal takes its course. Off: written before EndStep returns, from the parameters themselves
+  // (no copy of the weights is made).
+  bool background_write = false;
+  int background_queue_depth = 2;
+  double background_signal_wait_seconds = 10;
 
   // Re-run the failing step with per-layer instrumentation (forward and backward statistics, the
   // first anomalous layer, embedded layer inputs). Off: the capsule holds the snapshot only.
@@ -187,8 +203,11 @@ struct IdentityInfo {
 struct StepReport {
   bool triggered = false;
   TriggerKind trigger = TriggerKind::kNone;
-  std::string summary;        // one line: what fired, and what happened to the capture
-  std::string capsule_path;   // set when a capsule was written
+  std::string summary;       // one line: what fired, and what happened to the capture
+  std::string capsule_path;  // set when a capsule was written (or queued: see `queued`)
+  // Handed to the background writer (MonitorOptions::background_write): capsule_path is where it
+  // will be; the log line says when it is there, and WaitForWrites waits for it.
+  bool queued = false;
   Status status;              // why the capture failed, when it did
   bool rate_limited = false;  // fired, but a rate limit suppressed the capsule
   std::string first_anomalous_layer;
@@ -270,8 +289,14 @@ class Monitor {
   StepReport RunStep(const std::function<void()>& step_fn);
 
   // Writes a capsule still waiting for its optimizer step (also done by BeginStep and the
-  // destructor). Returns the report of that write; an empty report when none was waiting.
+  // destructor), or queues it with MonitorOptions::background_write. Returns the report of that
+  // write; an empty report when none was waiting.
   StepReport Flush();
+
+  // Blocks until every capsule handed to the background writer is written (or has failed), and
+  // logs each, as the next BeginStep or EndStep would. capsules_written() counts them after it.
+  // The destructor waits too.
+  void WaitForWrites();
 
   int capsules_written() const { return capsules_written_; }
   // Capture attempts that failed (each is counted against the rate limits too).
@@ -286,7 +311,14 @@ class Monitor {
   StepReport Capture(const internal::FiredTrigger& fired, const std::string& message,
                      bool incident = false);
   Status BuildAndWrite(const internal::FiredTrigger& fired, const std::string& message,
-                       bool incident, StepReport* report);
+                       const std::string& what, bool incident, StepReport* report);
+  // Writes `capsule` here (its parameters' bytes in `held`, when not null), or queues it on the
+  // background writer (`capsule` then owns every byte). Sets report->capsule_path, and `queued`.
+  Status WriteOrQueue(v1::Capsule& capsule, const TensorDataViews* held,
+                      std::optional<PrivateKey>& key, const std::string& what, bool incident,
+                      StepReport* report);
+  // Finishes the reports of the background writes that are done: counts and log lines.
+  void CollectWrites();
   bool CaptureIncident(TriggerKind kind, const std::string& reason);
   // Writes the pending capsule (OptimizerProbe fills its optimizer section first) and finishes
   // its report: counts, summary, log line.

@@ -79,7 +79,8 @@ void FillTensorMeta(const at::Tensor& t, v1::TensorMeta* meta) {
   meta->set_requires_grad(t.requires_grad());
 }
 
-Status TensorToBlob(const std::string& name, const at::Tensor& t, v1::TensorBlob* blob) {
+StatusOr<at::Tensor> TensorToBlobHeld(const std::string& name, const at::Tensor& t,
+                                      v1::TensorBlob* blob) {
   try {
     if (!t.defined()) return InvalidArgumentError("tensor " + name + " is undefined");
     if (DTypeFromScalarType(t.scalar_type()) == v1::DTYPE_UNSPECIFIED) {
@@ -89,16 +90,25 @@ Status TensorToBlob(const std::string& name, const at::Tensor& t, v1::TensorBlob
     blob->Clear();
     blob->set_name(name);
     FillTensorMeta(t, blob->mutable_meta());
-    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    const size_t bytes = static_cast<size_t>(c.numel()) * c.element_size();
-    std::string* data = blob->mutable_data();
-    data->resize(bytes);
-    if (bytes > 0) std::memcpy(data->data(), c.data_ptr(), bytes);  // little-endian hosts only
-    blob->set_sha256(Sha256Hex(*data));
-    return Status::Ok();
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    blob->set_sha256(Sha256Hex(TensorBytes(c)));  // little-endian hosts only
+    return c;
   } catch (const c10::Error& e) {
-    return InternalError("cannot copy tensor " + name + ": " + e.what_without_backtrace());
+    return InternalError("cannot read tensor " + name + ": " + e.what_without_backtrace());
   }
+}
+
+std::string_view TensorBytes(const at::Tensor& contiguous_cpu) {
+  const size_t bytes = static_cast<size_t>(contiguous_cpu.numel()) * contiguous_cpu.element_size();
+  if (bytes == 0) return {};
+  return std::string_view(static_cast<const char*>(contiguous_cpu.data_ptr()), bytes);
+}
+
+Status TensorToBlob(const std::string& name, const at::Tensor& t, v1::TensorBlob* blob) {
+  CAPSULE_ASSIGN_OR_RETURN(const at::Tensor c, TensorToBlobHeld(name, t, blob));
+  const std::string_view bytes = TensorBytes(c);
+  blob->set_data(bytes.data(), bytes.size());
+  return Status::Ok();
 }
 
 StatusOr<at::Tensor> TensorFromBlob(const v1::TensorBlob& blob) {

@@ -15,6 +15,7 @@
 #include <ATen/Tensor.h>
 
 #include <string>
+#include <string_view>
 
 #include "capsule/base/status.h"
 
@@ -34,6 +35,15 @@ void FillTensorMeta(const at::Tensor& t, v1::TensorMeta* meta);
 
 // Copies `t` (any device, any strides) as contiguous CPU bytes into `blob`, with meta and sha256.
 Status TensorToBlob(const std::string& name, const at::Tensor& t, v1::TensorBlob* blob);
+
+// The same blob without copying the bytes: fills name, meta and sha256, leaves data empty and
+// returns the contiguous CPU tensor whose bytes the data is (`t` itself, no copy, when it is
+// contiguous on the CPU; a host copy otherwise). A writer given TensorBytes of it
+// (WriteOptions::tensor_data) writes the blob TensorToBlob makes, while it is held unchanged.
+StatusOr<at::Tensor> TensorToBlobHeld(const std::string& name, const at::Tensor& t,
+                                      v1::TensorBlob* blob);
+// The bytes of a contiguous CPU tensor.
+std::string_view TensorBytes(const at::Tensor& contiguous_cpu);
 
 // A new contiguous CPU tensor with the blob's dtype, shape and bytes (requires_grad false).
 StatusOr<at::Tensor> TensorFromBlob(const v1::TensorBlob& blob);

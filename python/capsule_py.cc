@@ -205,6 +205,7 @@ py::dict ReportDict(const StepReport& r) {
   d["rate_limited"] = r.rate_limited;
   d["first_anomalous_layer"] = r.first_anomalous_layer;
   d["rerun_reproduced"] = r.rerun_reproduced;
+  d["queued"] = r.queued;  // background_write: capsule_path is where it will land
   return d;
 }
 
@@ -272,6 +273,9 @@ MonitorOptions OptionsFrom(const py::kwargs& kw) {
       {"grad_norm_spike",
        [&](const py::handle& v) { o.grad_norm_spike = ParseSpikeRule(v, o.grad_norm_spike); }},
       {"rerun", [&](const py::handle& v) { o.rerun = v.cast<bool>(); }},
+      {"background_write", [&](const py::handle& v) { o.background_write = v.cast<bool>(); }},
+      {"background_queue_depth",
+       [&](const py::handle& v) { o.background_queue_depth = v.cast<int>(); }},
       {"rank", [&](const py::handle& v) { o.rank = v.cast<int>(); }},
       {"world_size", [&](const py::handle& v) { o.world_size = v.cast<int>(); }},
       {"local_rank", [&](const py::handle& v) { o.local_rank = v.cast<int>(); }},
@@ -435,6 +439,11 @@ PYBIND11_MODULE(_capsule, m) {
                r = self.monitor.RunStep([&what] { throw std::runtime_error(what); });
              }
              return ReportDict(r);
+           })
+      .def("wait_for_writes",
+           [](PyMonitor& self) {
+             py::gil_scoped_release no_gil;  // the writer thread may log through Python
+             self.monitor.WaitForWrites();
            })
       .def_property_readonly("capsules_written",
                              [](const PyMonitor& self) { return self.monitor.capsules_written(); })

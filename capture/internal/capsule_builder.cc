@@ -51,6 +51,20 @@ Status Embed(const std::string& name, const at::Tensor& t, v1::TensorRole role,
   return Status::Ok();
 }
 
+// A parameter whose bytes stay in the tensor (BuiltCapsule::tensor_data).
+Status EmbedHeld(const std::string& name, const at::Tensor& t, const std::string& layer,
+                 BuiltCapsule& built) {
+  v1::Capsule& c = built.capsule;
+  v1::TensorBlob& blob = *c.add_tensors();
+  CAPSULE_ASSIGN_OR_RETURN(at::Tensor held, TensorToBlobHeld(name, t, &blob));
+  blob.set_role(v1::PARAMETER);
+  blob.set_layer(layer);
+  built.tensor_data.resize(static_cast<size_t>(c.tensors_size()));
+  built.tensor_data.back() = TensorBytes(held);
+  built.held.push_back(std::move(held));
+  return Status::Ok();
+}
+
 void FillTrigger(const CaptureContext& context, v1::Capsule& c) {
   v1::Trigger& trig = *c.mutable_trigger();
   trig.set_kind(static_cast<v1::TriggerKind>(context.fired.kind));
@@ -310,7 +324,9 @@ void FillWeightsReference(const std::string& path, const std::vector<NamedTensor
 }
 
 Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
-                 const MonitorOptions& options, v1::Capsule& c, std::vector<std::string>& notes) {
+                 const MonitorOptions& options, BuiltCapsule& built) {
+  v1::Capsule& c = built.capsule;
+  std::vector<std::string>& notes = built.notes;
   Model& model = *context.model;
   const ModelSpecInfo spec = model.Spec();
   LayerSequence& seq = model.Path(context.path);
@@ -356,7 +372,7 @@ Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
   for (const NamedTensor& p : params) {
     const std::string& layer = owner.count(p.first) ? owner[p.first] : std::string();
     if (policy == WeightPolicy::kAnomalousLayer && layer != anomalous_name) continue;
-    CAPSULE_RETURN_IF_ERROR(Embed(p.first, p.second, v1::PARAMETER, layer, c));
+    CAPSULE_RETURN_IF_ERROR(EmbedHeld(p.first, p.second, layer, built));
   }
   return Status::Ok();
 }
@@ -402,7 +418,7 @@ StatusOr<BuiltCapsule> BuildCapsule(const StepSnapshot& snapshot, const ProbeRes
   num.set_first_anomalous_index(-1);
 
   if (context.model != nullptr) {
-    CAPSULE_RETURN_IF_ERROR(FillModel(rerun, context, options, c, built.notes));
+    CAPSULE_RETURN_IF_ERROR(FillModel(rerun, context, options, built));
   }
   for (const RunEvent& e : context.events) {
     v1::RunEvent& out = *c.add_events();
@@ -417,7 +433,20 @@ StatusOr<BuiltCapsule> BuildCapsule(const StepSnapshot& snapshot, const ProbeRes
     c.add_capture_notes(note);
     built.notes.push_back(std::move(note));
   }
+  built.tensor_data.resize(static_cast<size_t>(c.tensors_size()));
   return built;
+}
+
+void OwnTensorBytes(BuiltCapsule* built) {
+  v1::Capsule& c = built->capsule;
+  for (size_t i = 0; i < built->tensor_data.size() && i < static_cast<size_t>(c.tensors_size());
+       ++i) {
+    const std::string_view bytes = built->tensor_data[i];
+    if (!bytes.empty())
+      c.mutable_tensors(static_cast<int>(i))->set_data(bytes.data(), bytes.size());
+  }
+  built->tensor_data.clear();
+  built->held.clear();
 }
 
 }  // namespace capsule::internal

@@ -22,6 +22,7 @@
 #include "capsule/base/status.h"
 #include "capsule/capture/internal/step_snapshot.h"
 #include "capsule/capture/monitor.h"
+#include "capsule/format/validate.h"
 #include "capsule/model/model.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/probe/trigger_rule.h"
@@ -52,6 +53,12 @@ struct CaptureContext {
 
 struct BuiltCapsule {
   v1::Capsule capsule;
+  // The parameters' bytes, left where they are: tensor_data[i], when set, is capsule.tensors(i)'s
+  // data (its field is empty), and `held` keeps those tensors alive. WriteCapsuleFile takes them as
+  // WriteOptions::tensor_data, so a capture never holds a second copy of the weights. Valid while
+  // the parameters are not updated: OwnTensorBytes before the optimizer step moves them.
+  TensorDataViews tensor_data;
+  std::vector<at::Tensor> held;
   // Lines the builder appended to capsule.log (the weight cap's fallback to the anomalous layer),
   // for the Monitor's own log ring.
   std::vector<std::string> notes;
@@ -63,6 +70,10 @@ struct BuiltCapsule {
 // TriggerFiresAgain (probe/trigger_rule.h). Weights follow options.weight_policy, kAll falling
 // back to kAnomalousLayer above options.max_weight_bytes. The codes of TensorToBlob and
 // CanonicalModelHash (kInvalidArgument for a tensor the format cannot hold).
+// Copies the held tensor bytes into the message and lets the tensors go: for a capsule written
+// after the trainer moves on (after the optimizer step, or on the background writer).
+void OwnTensorBytes(BuiltCapsule* built);
+
 StatusOr<BuiltCapsule> BuildCapsule(const StepSnapshot& snapshot, const ProbeResult* rerun,
                                     const CaptureContext& context, const MonitorOptions& options);
 

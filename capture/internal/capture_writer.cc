@@ -13,17 +13,29 @@ StatusOr<std::optional<PrivateKey>> LoadCaptureKey(const std::string& path) {
   return std::optional<PrivateKey>(std::move(*key));
 }
 
-StatusOr<std::string> WriteCapturedCapsule(const v1::Capsule& capsule,
-                                           const MonitorOptions& options, const PrivateKey* key) {
-  CAPSULE_RETURN_IF_ERROR(MakeDirs(options.capsule_dir, "capsule directory"));
+std::string CapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions& options) {
   const TriggerKind kind = static_cast<TriggerKind>(capsule.trigger().kind());
-  const std::string path = options.capsule_dir + "/" +
-                           CapsuleFileName(options.run_name, capsule.step().global_step(),
-                                           options.rank, TriggerKindName(kind));
+  return options.capsule_dir + "/" +
+         CapsuleFileName(options.run_name, capsule.step().global_step(), options.rank,
+                         TriggerKindName(kind));
+}
+
+StatusOr<std::string> WriteCapturedCapsule(const v1::Capsule& capsule,
+                                           const MonitorOptions& options, const PrivateKey* key,
+                                           const TensorDataViews* tensor_data) {
+  CAPSULE_RETURN_IF_ERROR(MakeDirs(options.capsule_dir, "capsule directory"));
+  const std::string path = CapturedCapsulePath(capsule, options);
   WriteOptions wopts;
   wopts.signing_key = key;
   if (capsule.model().weight_policy() == v1::WEIGHTS_ALL) {
     wopts.optional_flags |= kOptionalFlagHasWeights;
+  }
+  wopts.verify_tensor_digests = false;
+  TensorDataViews views;
+  if (tensor_data != nullptr && !tensor_data->empty()) {
+    views = *tensor_data;
+    views.resize(static_cast<size_t>(capsule.tensors_size()));
+    wopts.tensor_data = &views;
   }
   CAPSULE_RETURN_IF_ERROR(WriteCapsuleFile(path, capsule, wopts));
   return path;

@@ -20,6 +20,7 @@
 #include "capsule/base/status.h"
 #include "capsule/capture/monitor.h"
 #include "capsule/format/signing.h"
+#include "capsule/format/validate.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule::internal {
@@ -28,12 +29,19 @@ namespace capsule::internal {
 // written unsigned). The codes of LoadPrivateKeyFile, with the context "signing key".
 StatusOr<std::optional<PrivateKey>> LoadCaptureKey(const std::string& path);
 
+// Where WriteCapturedCapsule puts `capsule`: options.capsule_dir/CapsuleFileName(...).
+std::string CapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions& options);
+
 // Creates options.capsule_dir with its parents and writes `capsule` there as
 // <run>-step<N>-rank<R>-<trigger>.capsule (step and trigger from the capsule), signed with `key`
-// when it is not null, flagged as holding every weight when its weight policy is ALL. Returns the
-// path. The codes of MakeDirs and WriteCapsuleFile.
+// when it is not null, flagged as holding every weight when its weight policy is ALL. Tensor
+// bytes held outside the message come as `tensor_data` (BuiltCapsule::tensor_data; null or
+// shorter than the tensors: the rest are in the message). The tensors' digests are not computed
+// again: the builder has just hashed these very bytes. Returns the path. The codes of MakeDirs
+// and WriteCapsuleFile.
 StatusOr<std::string> WriteCapturedCapsule(const v1::Capsule& capsule,
-                                           const MonitorOptions& options, const PrivateKey* key);
+                                           const MonitorOptions& options, const PrivateKey* key,
+                                           const TensorDataViews* tensor_data = nullptr);
 
 }  // namespace capsule::internal
 

@@ -244,8 +244,9 @@ class Monitor:
     min_steps_between_same_kind, weight_policy ("all", "anomalous_layer", "none"),
     max_weight_bytes, weights_checkpoint, history_length, log_lines, trigger_non_finite_loss,
     trigger_non_finite_grad, trigger_loss_spike, trigger_grad_norm_spike, loss_spike and
-    grad_norm_spike (dicts of window, warmup, mads, min_ratio), rerun, rank, world_size,
-    local_rank, device, annotations, log_sink. An unknown option is refused."""
+    grad_norm_spike (dicts of window, warmup, mads, min_ratio), rerun, background_write,
+    background_queue_depth, rank, world_size, local_rank, device, annotations, log_sink. An
+    unknown option is refused."""
 
     def __init__(self, **options):
         self._m = _capsule._Monitor(**options)
@@ -298,6 +299,11 @@ class Monitor:
     def step(self, step, batch, cursor=None, raw_text=(), sample_ids=(), tokens_seen=0):
         return Step(self, step, batch, dict(cursor or {}), list(raw_text), list(sample_ids),
                     tokens_seen)
+
+    def wait_for_writes(self):
+        """With ``background_write=True``: blocks until every queued capsule is on disk (a
+        report's ``queued`` says its ``capsule_path`` is where it will land)."""
+        self._m.wait_for_writes()
 
     @property
     def capsules_written(self):

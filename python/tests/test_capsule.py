@@ -157,6 +157,25 @@ def test_a_capture_leaves_parameters_gradients_and_rngs_untouched(tmp_path, keys
     assert random.getstate() == py_rng
 
 
+def test_a_background_write_lands_after_training_goes_on(tmp_path, keys):
+    net = ptg.PyTinyGpt({"n_layers": 2, "seed": 3})
+    lines = []
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              background_write=True, log_sink=lines.append)
+    monitor.attach(ptg.engine_model(net))
+    x, y, cursor = ptg.Loader(4, 32, 3).next()
+    with monitor.step(0, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
+        s.capture_now("background")
+    assert s.report["queued"], s.report["summary"]
+    path = s.report["capsule_path"]
+    monitor.wait_for_writes()
+    assert monitor.capsules_written == 1
+    assert any("wrote " + path in line for line in lines), lines
+    r = subprocess.run([CLI, "verify", path, "--pubkey", str(keys[1])], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_a_python_and_a_cpp_capsule_of_the_same_kind_compare_with_diff(tmp_path, keys):
     caps = train(tmp_path, keys, "--steps", "3", "--capture-at-step", "2")
     cpp_dir = tmp_path / "cpp"

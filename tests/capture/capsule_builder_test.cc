@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "capsule/base/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/validate.h"
 
@@ -288,6 +289,46 @@ TEST_F(CapsuleBuilderTest, WeightPolicyAllAnomalousLayerAndNone) {
   EXPECT_FALSE(none.identity().model_sha256().empty());  // the hash is kept without the weights
 }
 
+// The parameters are embedded where they lie: the capsule holds their digests, the builder holds
+// the tensors themselves (no copy of the weights), and the capsule written from them is the one
+// whose message owns the bytes (OwnTensorBytes, for a capsule written after the optimizer step).
+TEST_F(CapsuleBuilderTest, ParametersAreHeldNotCopied) {
+  options_.weight_policy = WeightPolicy::kAll;
+  context_.now_unix_micros = 1780000000000000;  // a time the validator accepts
+  BuiltCapsule built = Build(&rerun_);
+  const v1::Capsule& c = built.capsule;
+  ASSERT_EQ(built.tensor_data.size(), static_cast<size_t>(c.tensors_size()));
+  std::map<std::string, const void*> where;
+  for (const NamedTensor& p : model_.NamedParameters()) where[p.first] = p.second.data_ptr();
+  int params = 0;
+  for (int i = 0; i < c.tensors_size(); ++i) {
+    const v1::TensorBlob& t = c.tensors(i);
+    if (t.role() != v1::PARAMETER) {
+      EXPECT_TRUE(built.tensor_data[i].empty()) << t.name();  // copies, small
+      EXPECT_FALSE(t.data().empty()) << t.name();
+      continue;
+    }
+    ++params;
+    EXPECT_TRUE(t.data().empty()) << t.name();
+    EXPECT_EQ(static_cast<const void*>(built.tensor_data[i].data()), where.at(t.name()))
+        << t.name() << " is not the parameter's own storage";
+    EXPECT_EQ(Sha256Hex(built.tensor_data[i]), t.sha256()) << t.name();
+  }
+  EXPECT_EQ(params, 4);
+  EXPECT_EQ(built.held.size(), 4u);
+
+  WriteOptions w;
+  w.tensor_data = &built.tensor_data;
+  StatusOr<std::string> from_views = EncodeCapsule(c, w);
+  ASSERT_TRUE(from_views.ok()) << from_views.status();
+  internal::OwnTensorBytes(&built);
+  EXPECT_TRUE(built.tensor_data.empty());
+  EXPECT_TRUE(built.held.empty());
+  StatusOr<std::string> owned = EncodeCapsule(built.capsule, WriteOptions());
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  EXPECT_EQ(*owned, *from_views);
+}
+
 TEST_F(CapsuleBuilderTest, AllFallsBackToTheAnomalousLayerOverTheCapAndSaysSo) {
   options_.weight_policy = WeightPolicy::kAll;
   options_.max_weight_bytes = 100;  // the model holds 37 floats = 148 bytes
@@ -358,7 +399,9 @@ TEST_F(CapsuleBuilderTest, TextThatIsNotUtf8NeverLosesTheCapsule) {
   context_.now_unix_micros = 1780000000000000;  // a time the validator accepts
   const BuiltCapsule built = Build(&rerun_);
   const v1::Capsule& c = built.capsule;
-  ASSERT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+  ValidateOptions held;
+  held.tensor_data = &built.tensor_data;
+  ASSERT_TRUE(ValidateCapsule(c, held).ok()) << ValidateCapsule(c, held);
   EXPECT_EQ(c.data().sequences(0).raw_bytes(), "caf\xc3");  // losslessly, as bytes
   EXPECT_TRUE(c.data().sequences(0).raw_text().empty());
   EXPECT_EQ(c.data().sequences(1).raw_text(), "ok");
@@ -370,7 +413,9 @@ TEST_F(CapsuleBuilderTest, TextThatIsNotUtf8NeverLosesTheCapsule) {
             "data.sequences[0].sample_id: not valid UTF-8; 1 byte stored as \\xNN escapes");
   EXPECT_NE(c.capture_notes(2).find("log.lines[0]"), std::string::npos) << c.capture_notes(2);
   // And it encodes: the writer's validation passes.
-  EXPECT_TRUE(EncodeCapsule(c, WriteOptions()).ok());
+  WriteOptions w;
+  w.tensor_data = &built.tensor_data;
+  EXPECT_TRUE(EncodeCapsule(c, w).ok());
 }
 
 TEST_F(CapsuleBuilderTest, ExceptionTextGoesToTheLogUnlessTheRerunSaidMore) {

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 
 #include "capsule/capture/optimizer_probe.h"
 #include "capsule/format/capsule_reader.h"
@@ -725,6 +727,122 @@ struct ProbeRun {
     options.log_sink = [](const std::string&) {};
   }
 };
+
+// This process's resident set and its peak, from /proc/self/status (0 where it says nothing).
+uint64_t ProcStatusBytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0)
+      return std::strtoull(line.c_str() + key.size() + 1, nullptr, 10) << 10;
+  }
+  return 0;
+}
+
+// Sets the peak resident set (VmHWM) back to the current one (Linux >= 4.0).
+bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return out.good();
+}
+
+// A capture of a model with 204 MB of weights, every one embedded, adds about its largest tensor
+// to the trainer's peak memory, not a copy of the model: the capsule is written from the
+// parameters themselves, tensor by tensor. (The re-run is off here: with it, the capture also
+// holds the re-run's parameter gradients, the model's size again, which the peak then shows.)
+TEST(PeakMemory, ACaptureOfA204MBModelAddsAboutOneTensorNotACopy) {
+  if (!ResetPeakRss() || ProcStatusBytes("VmHWM") == 0) {
+    GTEST_SKIP() << "/proc/self/clear_refs cannot reset the peak resident set here";
+  }
+  at::set_num_threads(1);
+  TempDir dir;
+  TinyGptConfig config;
+  config.d_model = 1024;
+  config.n_heads = 16;
+  config.n_layers = 4;
+  std::unique_ptr<TinyGpt> model = std::move(*TinyGpt::Create(config));
+  uint64_t weights = 0, largest = 0;
+  for (const auto& [name, t] : model->NamedParameters()) {
+    const uint64_t n = static_cast<uint64_t>(t.numel()) * t.element_size();
+    weights += n;
+    largest = std::max(largest, n);
+  }
+  ASSERT_GE(weights, uint64_t{200'000'000});
+  auto loader = *CorpusLoader::Open(tiny_gpt::CorpusPath(), {2, config.seq_len, 0});
+  CorpusBatch cb = loader.Next();
+  // A trainer past its first step: the gradients are allocated.
+  RunSequence(model->Path(PathKind::kOptimized), cb.batch).backward();
+
+  MonitorOptions o = QuietOptions(dir.path() + "/caps");
+  o.weight_policy = WeightPolicy::kAll;
+  o.max_weight_bytes = uint64_t{1} << 30;
+  o.rerun = false;
+  Monitor m(o);
+  m.AttachModel(model.get(), PathKind::kOptimized);
+  m.BeginStep(0, {}, StepBatch{cb.batch, cb.raw_text, {}, 0, 0, {}, {}});
+  ASSERT_TRUE(ResetPeakRss());
+  const uint64_t before = ProcStatusBytes("VmRSS");
+  const StepReport r = m.CaptureNow("peak memory");
+  const uint64_t added = ProcStatusBytes("VmHWM") - before;
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_GT(fs::file_size(r.capsule_path), weights * 9 / 10);  // zstd -1 barely shrinks floats
+  std::cout << "capture of " << weights / 1000000 << " MB of weights added " << added / 1000000
+            << " MB to the peak resident set (largest tensor " << largest / 1000000 << " MB)\n";
+  EXPECT_LE(added, largest + (uint64_t{32} << 20))
+      << "weights " << weights << ", largest tensor " << largest;
+
+  // And the capsule holds them.
+  ReadOptions ro;
+  ro.allow_unsigned = true;
+  ro.verify_tensor_digests = true;
+  StatusOr<DecodedCapsule> d = ReadCapsuleFile(r.capsule_path, ro);
+  ASSERT_TRUE(d.ok()) << d.status();
+  int params = 0;
+  for (const v1::TensorBlob& t : d->capsule->tensors()) params += t.role() == v1::PARAMETER;
+  EXPECT_EQ(params, static_cast<int>(model->NamedParameters().size()));
+}
+
+// With the background writer the trainer goes on while the capsule is written, and the capsule
+// holds the weights of the step it captured, not the ones the optimizer step right after it made.
+TEST(BackgroundWrite, TheCapsuleHoldsTheCapturedStepWhileTrainingGoesOn) {
+  TempDir dir;
+  PublicKey pub;
+  MonitorOptions o = QuietOptions(dir.path() + "/caps");
+  o.signing_key_path = MakeKey(dir.path(), &pub);
+  o.background_write = true;
+  std::vector<std::string> lines;
+  o.log_sink = [&](const std::string& line) { lines.push_back(line); };
+  Harness h(2);
+  Monitor m(o);
+  m.AttachModel(h.model.get(), PathKind::kOptimized);
+  h.Step(m, 0);
+  std::map<std::string, at::Tensor> before;
+  for (const auto& [name, t] : h.model->NamedParameters()) before[name] = t.detach().clone();
+  const StepReport r = h.Step(m, 1, /*capture_now=*/true);  // the optimizer step follows it
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_TRUE(r.queued);
+  ASSERT_FALSE(r.capsule_path.empty());
+  EXPECT_NE(r.summary.find("queued for " + r.capsule_path), std::string::npos) << r.summary;
+  h.Step(m, 2);
+  m.WaitForWrites();
+  EXPECT_EQ(m.capsules_written(), 1);
+  EXPECT_NE(lines.back().find("wrote " + r.capsule_path), std::string::npos) << lines.back();
+  const DecodedCapsule d = ReadBack(r.capsule_path, pub);
+  ASSERT_TRUE(d.capsule);
+  int params = 0;
+  for (const v1::TensorBlob& t : d.capsule->tensors()) {
+    if (t.role() != v1::PARAMETER) continue;
+    ++params;
+    StatusOr<at::Tensor> w = TensorFromBlob(t);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(w->equal(before.at(t.name()))) << t.name() << " is not the captured step's";
+  }
+  EXPECT_EQ(params, static_cast<int>(before.size()));
+  EXPECT_FALSE(h.model->NamedParameters()[0].second.detach().equal(
+      before.at(h.model->NamedParameters()[0].first)))
+      << "the optimizer did not move the weights: the check above proves nothing";
+}
 
 TEST(OptimizerProbeTest, TheCapsuleWaitsForTheStepAndHoldsIt) {
   ProbeRun run;
