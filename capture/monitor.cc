@@ -169,14 +169,14 @@ Status Monitor::WriteOrQueue(v1::Capsule& capsule, const TensorDataViews* held,
                              std::optional<PrivateKey>& key, const std::string& what, bool incident,
                              StepReport* report) {
   // An incident comes from another thread or a dying collective: written at once.
-  // A queued capsule must own its bytes: BuildAndWrite copied them out of the parameters.
   if (options_.background_write && !incident) {
     if (!state_->writer) {
       state_->writer = std::make_unique<internal::BackgroundWriter>(
           options_, options_.background_queue_depth, options_.background_signal_wait_seconds);
     }
     const std::string path = internal::CapturedCapsulePath(capsule, options_);
-    internal::WriteJob job{std::move(capsule), std::move(key), what, *report};
+    internal::WriteJob job{std::move(capsule), held ? *held : TensorDataViews(), std::move(key),
+                           what, *report};
     job.report.capsule_path = path;
     job.report.queued = true;
     if (state_->writer->Push(job)) {
@@ -185,12 +185,13 @@ Status Monitor::WriteOrQueue(v1::Capsule& capsule, const TensorDataViews* held,
       report->queued = true;
       return Status::Ok();
     }
-    // The queue is full: written here, as without a background writer (Push left the job).
+    // The queue is full: written here, as without a background writer (Push left the job, and
+    // its held bytes are still the parameters', which the trainer has not moved yet).
     Log("capsule: " + what + ": the background queue is full (" +
         std::to_string(options_.background_queue_depth) + "); written in the trainer's thread");
-    CAPSULE_ASSIGN_OR_RETURN(
-        report->capsule_path,
-        internal::WriteCapturedCapsule(job.capsule, options_, job.key ? &*job.key : nullptr));
+    CAPSULE_ASSIGN_OR_RETURN(report->capsule_path,
+                             internal::WriteCapturedCapsule(
+                                 job.capsule, options_, job.key ? &*job.key : nullptr, &job.held));
     return Status::Ok();
   }
   CAPSULE_ASSIGN_OR_RETURN(
@@ -600,9 +601,10 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   report->rerun_reproduced = c.trigger().capture_rerun() == v1::RERUN_REPRODUCED;
   report->first_anomalous_layer = c.numerics().first_anomalous_layer();
   const auto write_start = std::chrono::steady_clock::now();
-  if (incident || state_->probe != nullptr || options_.background_write) {
+  if (incident || state_->probe != nullptr) {
     // The parameters will move before the capsule is written (the trainer's optimizer step, or
-    // the trainer thread running on while another thread captures or writes): copy their bytes.
+    // the trainer thread running on while another thread captures): copy their bytes. (The
+    // background writer copies them itself, into buffers it keeps.)
     internal::OwnTensorBytes(&built);
   }
   if (state_->probe != nullptr && !incident) {

@@ -105,14 +105,14 @@ struct MonitorOptions {
 
   // Write capsules on a background thread (capture/internal/background_writer.h): the trainer is
   // held for the re-run, the build and a copy of the embedded tensor bytes (the next optimizer
-  // step moves the weights), and goes on while the capsule is encoded, compressed, signed and
-  // written. At most `background_queue_depth` capsules wait or are being written; a capture that
-  // finds the queue full is written in the trainer's thread, as with this off (nothing is
-  // dropped, and the memory held stays bounded). Queued capsules are written before the Monitor
-  // is destroyed, at exit(), and on a fatal signal (SIGTERM, SIGSEGV, SIGBUS, SIGFPE, SIGILL,
-  // SIGABRT), whose handler waits up to `background_signal_wait_seconds` for them before the
-  // signal takes its course. Off: written before EndStep returns, from the parameters themselves
-  // (no copy of the weights is made).
+  // step moves the weights) into buffers the writer keeps for the next capture, and goes on while
+  // the capsule is encoded, compressed, signed and written. At most `background_queue_depth`
+  // capsules wait or are being written; a capture that finds the queue full is written in the
+  // trainer's thread, as with this off (nothing is dropped, and the memory held stays bounded).
+  // Queued capsules are written before the Monitor is destroyed, at exit(), and on a fatal signal
+  // (SIGTERM, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT), whose handler waits up to
+  // `background_signal_wait_seconds` for them before the signal takes its course. Off: written
+  // before EndStep returns, from the parameters themselves (no copy of the weights is made).
   bool background_write = false;
   int background_queue_depth = 2;
   double background_signal_wait_seconds = 10;
@@ -312,8 +312,9 @@ class Monitor {
                      bool incident = false);
   Status BuildAndWrite(const internal::FiredTrigger& fired, const std::string& message,
                        const std::string& what, bool incident, StepReport* report);
-  // Writes `capsule` here (its parameters' bytes in `held`, when not null), or queues it on the
-  // background writer (`capsule` then owns every byte). Sets report->capsule_path, and `queued`.
+  // Writes `capsule` here, its parameters' bytes in `held` (when not null), or queues both on the
+  // background writer, which copies the held bytes before it returns. Sets report->capsule_path,
+  // and `queued`.
   Status WriteOrQueue(v1::Capsule& capsule, const TensorDataViews* held,
                       std::optional<PrivateKey>& key, const std::string& what, bool incident,
                       StepReport* report);

@@ -4,7 +4,6 @@
 #include <google/protobuf/io/zero_copy_stream.h>
 #include <google/protobuf/wire_format.h>
 #include <google/protobuf/wire_format_lite.h>
-#include <sys/mman.h>
 
 #include <cctype>
 #include <climits>
@@ -13,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "capsule/base/byte_buffer.h"
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/envelope.h"
@@ -80,23 +80,6 @@ class CompressingStream final : public google::protobuf::io::ZeroCopyOutputStrea
   Status scan_;
   Status compress_;
 };
-
-// Asks the kernel to back the whole 2 MiB pages inside [data, data + size) with huge pages when
-// they are first written. Writing a fresh buffer costs a page fault per 4 KiB page, and under
-// some hypervisors a fault costs 15-20 us: a capsule's output then fills at about 200 MB/s,
-// slower than it is compressed and hashed. With huge pages it takes 512 times fewer faults. A hint
-// only: without transparent huge pages (or off Linux) nothing changes.
-void AdviseHugePages(char* data, size_t size) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size) & ~(kHuge - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)data;
-  (void)size;
-#endif
-}
 
 // EncodeInto's output when it is a string: EncodeCapsule's result.
 class StringWriter final : public AtomicFileWriter {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "capsule/capture/internal/capture_writer.h"
@@ -59,7 +60,10 @@ void InstallOnce() {
 }  // namespace
 
 BackgroundWriter::BackgroundWriter(MonitorOptions options, int depth, double signal_wait_seconds)
-    : options_(std::move(options)), depth_(static_cast<size_t>(std::max(depth, 1))) {
+    : options_(std::move(options)),
+      depth_(static_cast<size_t>(std::max(depth, 1))),
+      buffers_(depth_),
+      buffer_busy_(depth_, false) {
   const int ms = static_cast<int>(std::clamp(signal_wait_seconds, 0.0, 3600.0) * 1000);
   int seen = g_signal_wait_ms.load();
   while (seen < ms && !g_signal_wait_ms.compare_exchange_weak(seen, ms)) {
@@ -90,11 +94,29 @@ BackgroundWriter::~BackgroundWriter() {
 }
 
 bool BackgroundWriter::Push(WriteJob& job) {
+  size_t slot = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ || queue_.size() + writing_ >= depth_) return false;
+    if (stop_ || queue_.size() + writing_ + copying_ >= depth_) return false;
+    while (buffer_busy_[slot]) ++slot;  // depth_ buffers, fewer than depth_ jobs in flight
+    buffer_busy_[slot] = true;
+    ++copying_;
     g_in_flight.fetch_add(1);
-    queue_.push_back(std::move(job));
+  }
+  // The copy runs in the caller's thread, outside the lock: the buffer is this job's alone.
+  size_t total = 0;
+  for (std::string_view v : job.held) total += v.size();
+  char* out = buffers_[slot].Reserve(total);
+  for (std::string_view& v : job.held) {
+    if (v.empty()) continue;
+    std::memcpy(out, v.data(), v.size());
+    v = std::string_view(out, v.size());
+    out += v.size();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Queued{std::move(job), slot});
+    --copying_;
   }
   wake_.notify_one();
   return true;
@@ -102,7 +124,7 @@ bool BackgroundWriter::Push(WriteJob& job) {
 
 void BackgroundWriter::Drain() {
   std::unique_lock<std::mutex> lock(mu_);
-  idle_.wait(lock, [this] { return queue_.empty() && writing_ == 0; });
+  idle_.wait(lock, [this] { return queue_.empty() && writing_ == 0 && copying_ == 0; });
 }
 
 std::vector<FinishedWrite> BackgroundWriter::TakeFinished() {
@@ -115,7 +137,8 @@ void BackgroundWriter::Run() {
   for (;;) {
     wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, and nothing left
-    WriteJob job = std::move(queue_.front());
+    WriteJob job = std::move(queue_.front().job);
+    const size_t slot = queue_.front().slot;
     queue_.pop_front();
     ++writing_;
     lock.unlock();
@@ -123,7 +146,7 @@ void BackgroundWriter::Run() {
     const auto start = std::chrono::steady_clock::now();
     StatusOr<std::string> path = InternalError("background write failed");
     try {
-      path = WriteCapturedCapsule(job.capsule, options_, job.key ? &*job.key : nullptr);
+      path = WriteCapturedCapsule(job.capsule, options_, job.key ? &*job.key : nullptr, &job.held);
     } catch (const std::exception& e) {
       path = InternalError(std::string("background write failed: ") + e.what());
     }
@@ -133,6 +156,7 @@ void BackgroundWriter::Run() {
     if (path.ok()) done.report.capsule_path = *path;
     lock.lock();
     finished_.push_back(std::move(done));
+    buffer_busy_[slot] = false;
     --writing_;
     g_in_flight.fetch_sub(1);
     idle_.notify_all();

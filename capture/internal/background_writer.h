@@ -26,15 +26,20 @@
 #include <thread>
 #include <vector>
 
+#include "capsule/base/byte_buffer.h"
 #include "capsule/base/status.h"
 #include "capsule/capture/monitor.h"
 #include "capsule/format/signing.h"
+#include "capsule/format/validate.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule::internal {
 
 struct WriteJob {
-  v1::Capsule capsule;  // owns every tensor byte
+  v1::Capsule capsule;
+  // Tensor bytes outside the message (TensorDataViews; empty: all are in it). Push copies them
+  // into a buffer of the writer's, so the caller's tensors may change once it returns.
+  TensorDataViews held;
   std::optional<PrivateKey> key;
   std::string what;  // "NON_FINITE_LOSS at step 5", for the report
   StepReport report;
@@ -53,7 +58,10 @@ class BackgroundWriter {
   BackgroundWriter(const BackgroundWriter&) = delete;
   BackgroundWriter& operator=(const BackgroundWriter&) = delete;
 
-  // Queues the job; false (the job untouched) when the queue is full.
+  // Queues the job, copying its held bytes (the synchronous snapshot); false (the job untouched)
+  // when the queue is full. The copies go to one of `depth` buffers the writer keeps for the next
+  // capsule: a later capture of the same model copies at memory speed, with no page faults
+  // (base/byte_buffer.h), at the price of keeping up to `depth` snapshots' worth of memory.
   bool Push(WriteJob& job);
   // Blocks until every job pushed so far is written or has failed.
   void Drain();
@@ -68,8 +76,15 @@ class BackgroundWriter {
   std::mutex mu_;
   std::condition_variable wake_;  // a job came, or stop
   std::condition_variable idle_;  // a job finished
-  std::deque<WriteJob> queue_;
+  struct Queued {
+    WriteJob job;
+    size_t slot;  // the buffer holding job.held's bytes
+  };
+  std::deque<Queued> queue_;
+  std::vector<ByteBuffer> buffers_;  // depth_ of them
+  std::vector<bool> buffer_busy_;
   size_t writing_ = 0;  // jobs taken off the queue and not finished
+  size_t copying_ = 0;  // jobs being copied by Push, not queued yet
   bool stop_ = false;
   std::vector<FinishedWrite> finished_;
   std::thread thread_;
