@@ -4,7 +4,7 @@
 //   BM_TinyGptStep/armed_probe   armed, with an OptimizerProbe's BeforeStep/AfterStep around the
 //                                optimizer step
 //   BM_TinyGptStep/anomaly_mode  the same under torch::autograd::DetectAnomalyGuard
-//   BM_CaptureLatency            a step that captures (CaptureNow): the time the trainer is held,
+//   BM_CaptureLatency/d_model    a step that captures (CaptureNow): the time the trainer is held,
 //                                split into re-run, build and encode+sign+write, each as a
 //                                multiple of the plain step time measured in the same loop
 //   BM_StepsAfterTrigger         the capturing step and the 3 after it, capsule written in the
@@ -92,6 +92,7 @@ void BM_TinyGptStep(benchmark::State& state, Mode mode) {
 void BM_CaptureLatency(benchmark::State& state) {
   at::set_num_threads(1);
   tiny_gpt::TinyGptConfig config;
+  config.d_model = state.range(0);
   auto model = std::move(*tiny_gpt::TinyGpt::Create(config));
   auto loader = *tiny_gpt::CorpusLoader::Open(tiny_gpt::CorpusPath(), {8, config.seq_len, 0});
   MonitorOptions options;
@@ -133,11 +134,17 @@ void BM_CaptureLatency(benchmark::State& state) {
   state.counters["capsule_MB"] = static_cast<double>(bytes) / 1e6;
 }
 
-BENCHMARK(BM_CaptureLatency)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(3.0);
+BENCHMARK(BM_CaptureLatency)
+    ->ArgName("d_model")
+    ->Arg(64)
+    ->Arg(512)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(3.0);
 
 // The steps around a capture, with the capsule written in the trainer's thread (arg 0) or on the
 // background writer (arg 1), for a model of d_model = range(1) (its capsule embeds every weight).
-// Each iteration: 4 plain steps (their mean is the reference), a step that captures (CaptureNow
+// After 3 warm-up steps, each iteration: 4 plain steps (their mean is the reference), a step that captures (CaptureNow
 // after its backward), then 3 more steps, each timed; the writes are waited for after them,
 // untimed. Counters, as multiples of the plain step: trigger_x (the capturing step, capture
 // included) and after1_x..after3_x (the steps right after it, which share the CPU with a write
@@ -175,6 +182,7 @@ void BM_StepsAfterTrigger(benchmark::State& state) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return std::make_pair(s, path);
   };
+  for (int i = 0; i < 3; ++i) train(false);  // allocator, gradients and Adam state warmed up
   for (auto _ : state) {
     for (int i = 0; i < 4; ++i) plain_s += train(false).first / 4;
     const auto [held, path] = train(true);
@@ -203,7 +211,7 @@ BENCHMARK(BM_StepsAfterTrigger)
     ->ArgsProduct({{0, 1}, {64, 512}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
-    ->MinTime(3.0);
+    ->MinTime(10.0);
 
 BENCHMARK_CAPTURE(BM_TinyGptStep, unarmed, Mode::kUnarmed)
     ->Name("BM_TinyGptStep/unarmed")
