@@ -218,8 +218,8 @@ struct StepReport {
   // Where the capture held the trainer, in seconds of wall time (0 for a stage that did not run):
   // re-running the step with per-layer statistics, building the capsule (snapshot tensors,
   // weights, hashes, a named checkpoint), and encoding, compressing, signing and writing the file
-  // until it is renamed into place. bench/step_bench.cc's BM_CaptureLatency reports them as
-  // multiples of the step time.
+  // until it is renamed into place (queued: copying the embedded bytes and queueing it).
+  // bench/step_bench.cc's BM_CaptureLatency reports them as multiples of the step time.
   double rerun_seconds = 0;
   double build_seconds = 0;
   double write_seconds = 0;

@@ -19,24 +19,14 @@
 #include "capsule/format/capsule_reader.h"
 #include "capsule/probe/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
+#include "tests/format/temp_dir.h"
 
 namespace capsule::internal {
 namespace {
 
+using ::capsule::test::TempDir;
+
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "capsule_background_XXXXXX";
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // A valid capsule of `step` holding `mib` MiB of random float32 (zstd cannot shrink it, so its
 // write takes at least tens of milliseconds).
