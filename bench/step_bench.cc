@@ -144,11 +144,11 @@ BENCHMARK(BM_CaptureLatency)
 
 // The steps around a capture, with the capsule written in the trainer's thread (arg 0) or on the
 // background writer (arg 1), for a model of d_model = range(1) (its capsule embeds every weight).
-// After 3 warm-up steps, each iteration: 4 plain steps (their mean is the reference), a step that captures (CaptureNow
-// after its backward), then 3 more steps, each timed; the writes are waited for after them,
-// untimed. Counters, as multiples of the plain step: trigger_x (the capturing step, capture
-// included) and after1_x..after3_x (the steps right after it, which share the CPU with a write
-// still in progress).
+// After 3 warm-up steps, each iteration: 4 plain steps (their mean is the reference), a step that
+// captures (CaptureNow after its backward), then 3 more steps, each timed; the writes are waited
+// for after them, untimed. Counters, as multiples of the plain step: trigger_x (the capturing step,
+// capture included) and after1_x..after3_x (the steps right after it, which share the CPU with a
+// write still in progress).
 void BM_StepsAfterTrigger(benchmark::State& state) {
   at::set_num_threads(1);
   tiny_gpt::TinyGptConfig config;
