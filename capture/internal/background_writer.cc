@@ -36,7 +36,8 @@ void WaitInFlight(int ms) {
 }
 
 void OnFatalSignal(int sig) {
-  // The writer thread blocks these signals, so it keeps writing while this thread waits.
+  // The writer keeps writing while this thread waits: it blocks SIGTERM, and a fault is the
+  // faulting thread's own. (A fault in the writer itself waits out the limit, then ends.)
   WaitInFlight(g_signal_wait_ms.load());
   ::sigaction(sig, &g_previous[sig], nullptr);
   ::raise(sig);  // delivered, with the handler the process had before, once this one returns
