@@ -9,8 +9,8 @@
 // SIGBUS, SIGFPE, SIGILL, SIGABRT), whose handler waits up to `signal_wait_seconds` before the
 // signal takes its course. A SIGKILL or power loss leaves no half file: every write is atomic.
 //
-//   internal::BackgroundWriter writer(options, /*depth=*/2);
-//   if (!writer.Push(std::move(job))) { ... write it here ... }
+//   internal::BackgroundWriter writer(options, /*depth=*/2, /*signal_wait_seconds=*/10);
+//   if (!writer.Push(job)) { ... full: write `job` here ... }
 //   writer.Drain();
 //   for (internal::FinishedWrite& w : writer.TakeFinished()) ...
 //
