@@ -178,7 +178,6 @@ Status Monitor::WriteOrQueue(v1::Capsule& capsule, const TensorDataViews* held,
     internal::WriteJob job{std::move(capsule), held ? *held : TensorDataViews(), std::move(key),
                            what, *report};
     job.report.capsule_path = path;
-    job.report.queued = true;
     if (state_->writer->Push(job)) {
       ++state_->in_background;
       report->capsule_path = path;
@@ -471,12 +470,6 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
     report.summary = what + ": capsule built; written after the optimizer step";
     return report;
   }
-  if (s.ok() && report.queued) {
-    report.summary = what + ": capsule queued for " + report.capsule_path;
-    Emit("capsule: " + report.summary);
-    Log("capsule: " + report.summary);
-    return report;
-  }
   FinishReport(s, what, &report);
   return report;
 }
@@ -515,12 +508,6 @@ StepReport Monitor::WritePending() {
   const auto write_start = std::chrono::steady_clock::now();
   const Status s = WriteOrQueue(p.capsule, nullptr, p.key, p.what, /*incident=*/false, &report);
   report.write_seconds += SecondsSince(write_start);
-  if (s.ok() && report.queued) {
-    report.summary = p.what + ": capsule queued for " + report.capsule_path;
-    Emit("capsule: " + report.summary);
-    Log("capsule: " + report.summary);
-    return report;
-  }
   FinishReport(s, p.what, &report);
   return report;
 }
@@ -528,7 +515,10 @@ StepReport Monitor::WritePending() {
 void Monitor::FinishReport(const Status& s, const std::string& what, StepReport* out) {
   StepReport& report = *out;
   report.status = s;
-  if (s.ok()) {
+  if (s.ok() && report.queued) {
+    // Handed to the background writer: counted, and logged again, once CollectWrites sees it done.
+    report.summary = what + ": capsule queued for " + report.capsule_path;
+  } else if (s.ok()) {
     ++capsules_written_;
     report.summary = what + ": wrote " + report.capsule_path;
     if (!report.first_anomalous_layer.empty()) {

@@ -173,25 +173,14 @@ void SerializeWithViews(const v1::Capsule& capsule, const WriteOptions& options,
 // What is refused before anything is written: the content rules, and protobuf's size limit.
 // Returns the size of the serialized message.
 StatusOr<size_t> CheckWritable(const v1::Capsule& capsule, const WriteOptions& options) {
-  const TensorDataViews* views = options.tensor_data;
-  if (views != nullptr && views->size() != static_cast<size_t>(capsule.tensors_size())) {
-    return InvalidArgumentError("tensor data views: " + std::to_string(views->size()) +
-                                " given for " + std::to_string(capsule.tensors_size()) +
-                                " tensors");
-  }
+  // Checked whether or not the content rules are: the serializer relies on it.
+  CAPSULE_RETURN_IF_ERROR(CheckTensorDataViews(capsule, options.tensor_data));
   if (options.validate) {
     ValidateOptions vopts;
     vopts.verify_tensor_digests = options.verify_tensor_digests;
-    vopts.tensor_data = views;
+    vopts.tensor_data = options.tensor_data;
     Status s = ValidateCapsule(capsule, vopts);
     if (!s.ok()) return s.WithContext("refusing to write an invalid capsule");
-  } else if (views != nullptr) {
-    for (int i = 0; i < capsule.tensors_size(); ++i) {
-      if (!(*views)[i].empty() && !capsule.tensors(i).data().empty()) {
-        return InvalidArgumentError("tensors[" + std::to_string(i) +
-                                    "]: data is both in the message and held outside it");
-      }
-    }
   }
   const size_t size = capsule.ByteSizeLong() + ViewsSize(capsule, options);
   if (size > static_cast<size_t>(INT_MAX)) {

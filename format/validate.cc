@@ -208,6 +208,21 @@ constexpr const char kTimeRange[] = "between 2000-01-01 and 2200-01-01 (microsec
 
 }  // namespace
 
+Status CheckTensorDataViews(const v1::Capsule& c, const TensorDataViews* views) {
+  if (views == nullptr) return Status::Ok();
+  if (views->size() != static_cast<size_t>(c.tensors_size())) {
+    return InvalidArgumentError("tensor data views: " + std::to_string(views->size()) +
+                                " given for " + std::to_string(c.tensors_size()) + " tensors");
+  }
+  for (int i = 0; i < c.tensors_size(); ++i) {
+    if (!(*views)[i].empty() && !c.tensors(i).data().empty()) {
+      return Invalid("tensors[" + std::to_string(i) + "] (" + c.tensors(i).name() + ")",
+                     "data is both in the message and held outside it");
+    }
+  }
+  return Status::Ok();
+}
+
 std::vector<std::string> MakeStringsUtf8(v1::Capsule* capsule) {
   std::vector<std::string> notes;
   FixStrings(capsule, "", &notes);
@@ -523,10 +538,7 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   }
 
   const TensorDataViews* views = options.tensor_data;
-  if (views != nullptr && views->size() != static_cast<size_t>(c.tensors_size())) {
-    return InvalidArgumentError("tensor data views: " + std::to_string(views->size()) +
-                                " given for " + std::to_string(c.tensors_size()) + " tensors");
-  }
+  CAPSULE_RETURN_IF_ERROR(CheckTensorDataViews(c, views));
   std::set<std::string> tensor_names;
   for (int i = 0; i < c.tensors_size(); ++i) {
     const v1::TensorBlob& t = c.tensors(i);
@@ -534,10 +546,7 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     if (t.name().empty()) return Invalid(where, "name must be set");
     if (!tensor_names.insert(t.name()).second) return Invalid(where, "duplicate name");
     std::string_view data = t.data();
-    if (views != nullptr && !(*views)[i].empty()) {
-      if (!data.empty()) return Invalid(where, "data is both in the message and held outside it");
-      data = (*views)[i];
-    }
+    if (views != nullptr && !(*views)[i].empty()) data = (*views)[i];
     int64_t numel = 0;
     CAPSULE_RETURN_IF_ERROR(ValidateMeta(where, t.meta(), &numel));
     const uint64_t expected = static_cast<uint64_t>(numel) * DTypeElementSize(t.meta().dtype());

@@ -36,6 +36,10 @@ struct ValidateOptions {
 // kInvalidArgument naming the first rule broken.
 Status ValidateCapsule(const v1::Capsule& capsule, const ValidateOptions& options = {});
 
+// kInvalidArgument unless `views` is null or holds one entry per tensor, none of them standing for
+// a tensor whose data is also in the message. ValidateCapsule and the writer both check it.
+Status CheckTensorDataViews(const v1::Capsule& capsule, const TensorDataViews* views);
+
 // For a writer given text from outside (log lines, names, paths): replaces each string field, at
 // any depth, that is not valid UTF-8 with EscapeInvalidUtf8 of it (base/printable.h), so that the
 // capsule stays valid, and returns one note per field changed ("log.lines[3]: not valid UTF-8;

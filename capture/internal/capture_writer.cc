@@ -31,12 +31,7 @@ StatusOr<std::string> WriteCapturedCapsule(const v1::Capsule& capsule,
     wopts.optional_flags |= kOptionalFlagHasWeights;
   }
   wopts.verify_tensor_digests = false;
-  TensorDataViews views;
-  if (tensor_data != nullptr && !tensor_data->empty()) {
-    views = *tensor_data;
-    views.resize(static_cast<size_t>(capsule.tensors_size()));
-    wopts.tensor_data = &views;
-  }
+  if (tensor_data != nullptr && !tensor_data->empty()) wopts.tensor_data = tensor_data;
   CAPSULE_RETURN_IF_ERROR(WriteCapsuleFile(path, capsule, wopts));
   return path;
 }

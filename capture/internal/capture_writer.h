@@ -35,8 +35,8 @@ std::string CapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions
 // Creates options.capsule_dir with its parents and writes `capsule` there as
 // <run>-step<N>-rank<R>-<trigger>.capsule (step and trigger from the capsule), signed with `key`
 // when it is not null, flagged as holding every weight when its weight policy is ALL. Tensor
-// bytes held outside the message come as `tensor_data` (BuiltCapsule::tensor_data; null or
-// shorter than the tensors: the rest are in the message). The tensors' digests are not computed
+// bytes held outside the message come as `tensor_data` (BuiltCapsule::tensor_data: one entry
+// per tensor; null or empty: every byte is in the message). The tensors' digests are not computed
 // again: the builder has just hashed these very bytes. Returns the path. The codes of MakeDirs
 // and WriteCapsuleFile.
 StatusOr<std::string> WriteCapturedCapsule(const v1::Capsule& capsule,
