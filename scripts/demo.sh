@@ -11,10 +11,9 @@ fault=${FAULT:-nan}
 layer=${LAYER:-blocks.2}
 
 "$root/scripts/setup-deps.sh"
-generator=()
-if command -v ninja >/dev/null; then generator=(-G Ninja); fi
-cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build "$build" -j "$jobs" --target capsule capsule-tiny-gpt capsule_tiny_gpt_plugin
+BUILD_DIR="$build" "$root/scripts/configure.sh"
+BUILD_DIR="$build" JOBS="$jobs" "$root/scripts/build-quietly.sh" capsule-demo \
+  "the capsule command line, its LibTorch half, the tiny_gpt trainer and its replay plugin"
 capsule="$build/cli/capsule"
 trainer="$build/samples/capsule-tiny-gpt"
 plugin="$build/samples/libcapsule_tiny_gpt_plugin.so"

@@ -8,17 +8,11 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
-with_torch=${CAPSULE_WITH_TORCH:-ON}
-werror=${CAPSULE_WERROR:-OFF}
 jobs=${JOBS:-$(nproc)}
 
 "$root/scripts/setup-deps.sh"
 
-generator=()
-if command -v ninja >/dev/null; then generator=(-G Ninja); fi
-cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCAPSULE_WITH_TORCH="$with_torch" -DCAPSULE_WERROR="$werror" -DCAPSULE_BUILD_TESTS=ON \
-  -DCAPSULE_BUILD_BENCH=ON
+BUILD_DIR="$build" "$root/scripts/configure.sh"
 cmake --build "$build" -j "$jobs"
 cd "$build"
 ctest --output-on-failure -j "$jobs" --timeout 1500

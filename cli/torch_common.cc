@@ -1,0 +1,42 @@
+// The parts of cli/common.h that need LibTorch (a model registry, plugins): compiled into the
+// command line linked with LibTorch only, so that the rest of common.cc is compiled once for both
+// command lines.
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capsule/cli/cli.h"
+#include "capsule/cli/common.h"
+#include "capsule/probe/environment.h"
+#include "capsule/proto/capsule.pb.h"
+#include "capsule/replay/model_registry.h"
+#include "capsule/replay/plugin_loader.h"
+
+namespace capsule::cli {
+
+std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string>& plugins,
+                                                   ModelRegistry& registry, const std::string& file,
+                                                   const std::vector<std::string>& pubkeys,
+                                                   bool allow_unsigned, int* exit_code) {
+  if (Status s = LoadPlugins(plugins, registry); !s.ok()) {
+    PrintError(s);
+    *exit_code = kExitError;
+    return std::nullopt;
+  }
+  return LoadCapsule(file, pubkeys, allow_unsigned, exit_code);
+}
+
+RerunFacts RerunFactsOf(const v1::Capsule& c, const ModelRegistry& registry) {
+  RerunFacts f;
+  const std::vector<std::string> names = registry.names();
+  f.model_registered =
+      std::find(names.begin(), names.end(), c.model().registry_name()) != names.end();
+  f.torch_version_differs =
+      !c.environment().torch_version().empty() && c.environment().torch_version() != TorchVersion();
+  f.weights_embedded = c.model().weight_policy() == v1::WEIGHTS_ALL;
+  for (const auto& s : c.data().sequences()) f.tokens_redacted |= !s.token_ids_sha256().empty();
+  return f;
+}
+
+}  // namespace capsule::cli
