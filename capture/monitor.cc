@@ -442,7 +442,10 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
     report.summary = what + ": no capsule (one " + TriggerKindName(fired.kind) + " capsule per " +
                      std::to_string(options_.min_steps_between_same_kind) + " steps)";
     // Say it once per window: a diverged run fires every step, and the log should not drown.
-    if (!state_->quiet_kinds.count(fired.kind)) {
+    // A capture asked for by hand is answered every time.
+    if (fired.kind == TriggerKind::kManual) {
+      Emit("capsule: " + report.summary);
+    } else if (!state_->quiet_kinds.count(fired.kind)) {
       Emit("capsule: " + report.summary + "; not repeated");
     }
     state_->quiet_kinds.insert(fired.kind);

@@ -53,10 +53,15 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   app.add_subcommand("minimize", kMinimizeDescription);
   app.add_subcommand("stress", kStressDescription);
 #endif
-  // A repeatable option's default is "no value", not "[]".
+  // A repeatable option's default is "no value", not "[]"; and it takes one value each time it is
+  // given (--pubkey A --pubkey B), so that `--pubkey K FILE` leaves FILE the positional it reads
+  // as instead of a second key.
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     for (CLI::Option* opt : sub->get_options()) {
       if (opt->get_default_str() == "[]") opt->default_str("");
+      if (!opt->get_positional() && opt->get_items_expected_max() > 1) {
+        opt->allow_extra_args(false);
+      }
     }
   }
   // CLI11 would answer "A subcommand is required" without naming what it did not know.
@@ -84,7 +89,8 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   return run();
 }
 
-int MainImpl(int argc, char** argv, ModelRegistry* registry) {
+int MainImpl(int argc, char** argv, ModelRegistry* registry, const Invocation& invocation) {
+  SetInvocation(invocation);
   PrintableStreams streams;
   const int rc = RunCommandLine(argc, argv, registry);
   // A report sent to a full disk or a closed pipe is not a success, whatever the command did.
@@ -98,14 +104,20 @@ int MainImpl(int argc, char** argv, ModelRegistry* registry) {
 
 }  // namespace
 
-int Main(int argc, char** argv, ModelRegistry& registry) { return MainImpl(argc, argv, &registry); }
+int Main(int argc, char** argv, ModelRegistry& registry) {
+  return MainImpl(argc, argv, &registry, Invocation{});
+}
+
+int Main(int argc, char** argv, ModelRegistry& registry, const Invocation& invocation) {
+  return MainImpl(argc, argv, &registry, invocation);
+}
 
 int Main(int argc, char** argv) {
 #ifdef CAPSULE_WITH_TORCH
   ModelRegistry registry;
-  return MainImpl(argc, argv, &registry);
+  return MainImpl(argc, argv, &registry, Invocation{});
 #else
-  return MainImpl(argc, argv, nullptr);
+  return MainImpl(argc, argv, nullptr, Invocation{});
 #endif
 }
 

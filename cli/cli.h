@@ -14,6 +14,9 @@
 #ifndef CAPSULE_CLI_CLI_H_
 #define CAPSULE_CLI_CLI_H_
 
+#include <string>
+#include <vector>
+
 namespace capsule {
 class ModelRegistry;
 }  // namespace capsule
@@ -33,6 +36,15 @@ int Main(int argc, char** argv);
 // The CLI with `registry`'s models available to replay (a trainer binary registers its own).
 // Ignored by a build without LibTorch, which has no replay subcommand.
 int Main(int argc, char** argv, ModelRegistry& registry);
+
+// How the user started the command line, for the commands it prints ("replay: ...", "next:
+// ...") to be ones that work as typed: `capsule` by default; the Python package's `python3 -m
+// capsule`, with the `--model pkg.module:factory` that loads the model in place of plugins.
+struct Invocation {
+  std::string program = "capsule";
+  std::vector<std::string> model_args;  // repeated in printed commands; empty: --plugin flags
+};
+int Main(int argc, char** argv, ModelRegistry& registry, const Invocation& invocation);
 
 }  // namespace capsule::cli
 

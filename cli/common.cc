@@ -21,10 +21,39 @@ void PrintError(const Status& status, std::string_view remedy) {
   std::cerr << "\n";
 }
 
+namespace {
+Invocation& InvocationStorage() {
+  static auto* invocation = new Invocation();  // never destroyed: read until exit
+  return *invocation;
+}
+}  // namespace
+
+void SetInvocation(const Invocation& invocation) { InvocationStorage() = invocation; }
+
+const Invocation& CurrentInvocation() { return InvocationStorage(); }
+
+std::string ModelArgs(const std::vector<std::string>& plugins) {
+  std::string out;
+  const Invocation& inv = CurrentInvocation();
+  if (!inv.model_args.empty()) {
+    for (const std::string& a : inv.model_args) out += " " + a;
+    return out;
+  }
+  for (const std::string& p : plugins) out += " --plugin " + p;
+  return out;
+}
+
 std::string RerunRemedy(const Status& status, const RerunFacts& f) {
   switch (status.code()) {
     case StatusCode::kNotFound:
-      return f.model_registered ? "" : "load the model's plugin with --plugin SO";
+      if (f.model_registered) return "";
+      if (!f.python_capsule) return "load the model's plugin with --plugin SO";
+      // Python stages cannot be loaded from a plugin: the factory that rebuilds them can.
+      if (!CurrentInvocation().model_args.empty() || CurrentInvocation().program != "capsule") {
+        return "name the function that rebuilds it with --model pkg.module:factory";
+      }
+      return "it was written from Python: replay it with python3 -m capsule and --model "
+             "pkg.module:factory";
     case StatusCode::kFailedPrecondition:
       // In the order replay checks them: environment, weights, then the batch.
       if (f.torch_version_differs && !f.force) return f.has_force ? "--force to go on anyway" : "";
@@ -171,6 +200,5 @@ std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
   }
   return LoadedCapsule{std::move(*bytes), std::move(*decoded)};
 }
-
 
 }  // namespace capsule::cli

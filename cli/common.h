@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "capsule/base/status.h"
+#include "capsule/cli/cli.h"
 #include "capsule/format/capsule_reader.h"
 
 namespace capsule {
@@ -24,6 +25,7 @@ void PrintError(const Status& status, std::string_view remedy = {});
 // The libraries say what is wrong; which flag gets round it is the command line's to say.
 struct RerunFacts {
   bool model_registered = true;        // the capsule's model is in the registry
+  bool python_capsule = false;         // written from Python (report/replay_tool.h)
   bool torch_version_differs = false;  // the capsule was recorded with another torch
   bool weights_embedded = true;        // the capsule holds all weights (weight policy ALL)
   bool tokens_redacted = false;        // only the token ids' SHA-256 is kept
@@ -32,6 +34,13 @@ struct RerunFacts {
   bool has_weights = false;            // the subcommand has --weights (replay)
   bool weights = false;                // ... and it was given
 };
+
+// How this process's command line was started (cli.h): set by Main, read by the commands that
+// print a command to run next. ModelArgs gives the flags that load the model: the invocation's
+// own (`--model ...`), or `--plugin P` for each plugin given.
+void SetInvocation(const Invocation& invocation);
+const Invocation& CurrentInvocation();
+std::string ModelArgs(const std::vector<std::string>& plugins);
 
 // The flag that gets round `status`, a refusal of ReplayCapsule or ExtractLayer, in words for
 // PrintError; empty when no flag can.

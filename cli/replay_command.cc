@@ -22,10 +22,16 @@ namespace {
 void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
   out << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text() << "\n";
   out << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail() << ")\n";
-  out << "loss: optimized " << FormatSignificant(r.optimized_loss(), 3) << ", reference "
-      << FormatSignificant(r.reference_loss(), 3)
-      << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; " << r.intra_op_threads()
-      << " intra-op threads\n";
+  if (!r.extract_layer().empty()) {
+    // An extract runs one layer: there is no loss to show.
+    out << "loss: none (the extract runs " << r.extract_layer() << " alone); "
+        << r.intra_op_threads() << " intra-op threads\n";
+  } else {
+    out << "loss: optimized " << FormatSignificant(r.optimized_loss(), 3) << ", reference "
+        << FormatSignificant(r.reference_loss(), 3)
+        << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; " << r.intra_op_threads()
+        << " intra-op threads\n";
+  }
   for (const auto& w : r.warnings()) out << "warning: " << w << "\n";
   // The triage stages in their order: which one explains, and each finding that failed or says
   // something (a pass of the data stage states its margin).
@@ -166,11 +172,12 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_flag("--force", options->force, "Replay despite a torch version or model hash mismatch");
   cmd->add_option("--phase", options->phase, "Layerwise phases to compare")
       ->check(CLI::IsMember({"forward", "backward", "both"}));
-  cmd->add_option("--bisect", options->bisect,
-                  "Find the first bad layer by composite runs: bisect (default) or linear; or "
-                  "the optimization switches the divergence needs: features")
-      ->expected(0, 1)
-      ->default_str("bisect")
+  // A flag whose value can only be attached (--bisect=linear): `--bisect FILE` leaves FILE the
+  // capsule, as it reads, instead of taking it for the strategy.
+  cmd->add_flag("--bisect{bisect}", options->bisect,
+                "Find the first bad layer by composite runs: --bisect (or --bisect=bisect), "
+                "--bisect=linear; or the optimization switches the divergence needs: "
+                "--bisect=features")
       ->check(CLI::IsMember({"bisect", "linear", "features"}));
   cmd->add_option("--features", options->features,
                   "Turn on exactly these optimization switches of the model (comma-separated; "
@@ -246,8 +253,8 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   }
   report->set_capsule(o.file);
   report->set_capsule_sha256(Sha256Hex(loaded->bytes));
-  std::string cmd = "capsule replay " + o.file;
-  for (const auto& p : o.plugins) cmd += " --plugin " + p;
+  const Invocation& invocation = CurrentInvocation();
+  std::string cmd = invocation.program + " replay " + o.file + ModelArgs(o.plugins);
   for (const auto& k : o.trust.pubkeys) cmd += " --pubkey " + k;
   if (o.trust.allow_unsigned) cmd += " --allow-unsigned";
   if (!o.checkpoint.empty()) cmd += " --checkpoint " + o.checkpoint;
@@ -265,14 +272,14 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   if (report->diagnosis() == v1::NUMERICS && report->has_first_divergent_layer() &&
       report->extract_layer().empty()) {
     const std::string& layer = report->first_divergent_layer();
-    std::string plugins;
-    for (const auto& p : o.plugins) plugins += " --plugin " + p;
+    const std::string plugins = ModelArgs(o.plugins);
     const std::string out = layer + ".capsule";
     const bool weights = loaded->decoded.capsule->model().weight_policy() == v1::WEIGHTS_ALL;
-    report->add_next_commands("capsule extract " + o.file + " --layer " + layer +
+    report->add_next_commands(invocation.program + " extract " + o.file + " --layer " + layer +
                               " --key YOUR.key -o " + out + plugins +
                               (weights ? "" : "   # needs a capsule with all weights"));
-    report->add_next_commands("capsule replay " + out + plugins + " --pubkey YOUR.pub");
+    report->add_next_commands(invocation.program + " replay " + out + plugins +
+                              " --pubkey YOUR.pub");
   }
   report->set_diagnosis_text(DiagnosisSentence(*report));
   if (o.json) {

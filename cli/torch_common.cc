@@ -12,6 +12,7 @@
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/model_registry.h"
 #include "capsule/replay/plugin_loader.h"
+#include "capsule/report/replay_tool.h"
 
 namespace capsule::cli {
 
@@ -29,11 +30,10 @@ std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string
 
 RerunFacts RerunFactsOf(const v1::Capsule& c, const ModelRegistry& registry) {
   RerunFacts f;
-  const std::vector<std::string> names = registry.names();
-  f.model_registered =
-      std::find(names.begin(), names.end(), c.model().registry_name()) != names.end();
+  f.model_registered = registry.Has(c.model().registry_name());
   f.torch_version_differs =
       !c.environment().torch_version().empty() && c.environment().torch_version() != TorchVersion();
+  f.python_capsule = WrittenFromPython(c);
   f.weights_embedded = c.model().weight_policy() == v1::WEIGHTS_ALL;
   for (const auto& s : c.data().sequences()) f.tokens_redacted |= !s.token_ids_sha256().empty();
   return f;

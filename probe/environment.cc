@@ -9,6 +9,8 @@
 
 #include <climits>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -68,6 +70,19 @@ std::string BlasName() {
 
 std::string TorchVersion() { return TORCH_VERSION; }
 
+namespace {
+std::mutex extra_libraries_mu;
+std::map<std::string, std::string>& ExtraLibraries() {
+  static auto* libraries = new std::map<std::string, std::string>();  // never destroyed
+  return *libraries;
+}
+}  // namespace
+
+void AddEnvironmentLibrary(const std::string& name, const std::string& version) {
+  std::lock_guard<std::mutex> lock(extra_libraries_mu);
+  ExtraLibraries()[name] = version;
+}
+
 void CollectEnvironment(v1::Environment* env) {
   env->set_capsule_version(CapsuleVersion());
   env->set_torch_version(TorchVersion());
@@ -90,6 +105,11 @@ void CollectEnvironment(v1::Environment* env) {
     (*env->mutable_libraries())[name] = version;
   }
   (*env->mutable_libraries())["torch"] = TORCH_VERSION;
+  {
+    std::lock_guard<std::mutex> lock(extra_libraries_mu);
+    for (const auto& [name, version] : ExtraLibraries())
+      (*env->mutable_libraries())[name] = version;
+  }
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) == 0) env->set_hostname(host);
   if (at::hasCUDA()) {

@@ -20,6 +20,12 @@ namespace capsule {
 
 void CollectEnvironment(v1::Environment* env);
 
+// Records `name` at `version` in every environment collected from now on in this process (its
+// `libraries` map), beside the libraries the engine links: the Python package adds "python" and
+// the interpreter's version when it loads, so that a capsule says it was written from Python and
+// how to replay it (report/replay_tool.h).
+void AddEnvironmentLibrary(const std::string& name, const std::string& version);
+
 // "1.13.0": the LibTorch version this library was built against.
 std::string TorchVersion();
 

@@ -27,6 +27,7 @@
 #include "capsule/format/capsule_reader.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
+#include "capsule/probe/environment.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/model_registry.h"
 
@@ -34,6 +35,26 @@ namespace py = pybind11;
 
 namespace capsule::python {
 namespace {
+
+// A Python exception raised by the user's code the engine called (a stage, a factory): Python's
+// own traceback goes to sys.stderr, as Python prints one, and the engine's error carries the one
+// line "ValueError: what went wrong (traceback above)". pybind11's what() would put the whole
+// traceback in one message, which the command line prints as one escaped line.
+std::string PythonError(py::error_already_set& e) {
+  py::gil_scoped_acquire gil;
+  std::string summary;
+  try {
+    summary = py::str(e.type().attr("__name__")).cast<std::string>();
+    const std::string what = py::str(e.value()).cast<std::string>();
+    if (!what.empty()) summary += ": " + what;
+    py::module_::import("traceback").attr("print_exception")(e.type(), e.value(), e.trace());
+    py::module_::import("sys").attr("stderr").attr("flush")();
+    summary += " (traceback above)";
+  } catch (py::error_already_set&) {
+    summary = e.what();  // the printing itself failed: keep what pybind11 has
+  }
+  return summary;
+}
 
 // The batch as the stages see it: a dict of the LayerBatch's defined tensors.
 py::dict BatchDict(const LayerBatch& b) {
@@ -99,7 +120,7 @@ class PyLayerSequence : public LayerSequence {
     } catch (py::error_already_set& e) {
       // A Python exception in a stage is the model's error, as a c10::Error is in C++: callers
       // at the library boundary (Monitor, replayer) report it and carry on.
-      throw std::runtime_error("stage " + names_.at(i) + ": " + e.what());
+      throw std::runtime_error("stage " + names_.at(i) + " raised " + PythonError(e));
     }
   }
 
@@ -203,6 +224,8 @@ py::dict ReportDict(const StepReport& r) {
   d["ok"] = r.status.ok();
   d["error"] = r.status.ok() ? std::string() : r.status.message();
   d["rate_limited"] = r.rate_limited;
+  // Why no capsule was taken for a trigger that fired: a rate limit (the summary says which).
+  d["refused"] = r.rate_limited ? r.summary : std::string();
   d["first_anomalous_layer"] = r.first_anomalous_layer;
   d["rerun_reproduced"] = r.rerun_reproduced;
   d["queued"] = r.queued;  // background_write: capsule_path is where it will land
@@ -322,10 +345,15 @@ using capsule::python::BatchFromDict;
 using capsule::python::OptionsFrom;
 using capsule::python::PyModel;
 using capsule::python::PyMonitor;
+using capsule::python::PythonError;
 using capsule::python::ReportDict;
 
 PYBIND11_MODULE(_capsule, m) {
   m.doc() = "capsule's C++ engine: Monitor, replay and the command line (see the capsule package)";
+  // Capsules written from this process say they come from Python, so that reports and replay
+  // print `python3 -m capsule ... --model pkg.module:factory` for them (report/replay_tool.h).
+  capsule::AddEnvironmentLibrary(
+      "python", py::module_::import("platform").attr("python_version")().cast<std::string>());
 
   py::class_<PyModel, std::shared_ptr<PyModel>>(m, "_Model")
       .def(py::init<std::string, py::object, py::object, py::list, py::object, py::list, py::object,
@@ -451,27 +479,16 @@ PYBIND11_MODULE(_capsule, m) {
                              [](const PyMonitor& self) { return self.monitor.captures_failed(); });
 
   m.def(
-      "registry_name_of",
-      [](const std::string& path) {
-        // The model a capsule names, to register the user's factory under it before replay.
-        // Trust is the replay's business: it verifies the file again, with the user's keys.
-        ReadOptions o;
-        o.allow_unsigned = true;
-        o.allow_untrusted = true;
-        auto d = ReadCapsuleFile(path, o);
-        if (!d.ok()) throw std::runtime_error(d.status().message());
-        return d->capsule->model().registry_name();
-      },
-      py::arg("path"));
-
-  m.def(
       "cli_main",
-      [](const std::vector<std::string>& args, const std::string& model_name, py::object factory) {
-        // The `capsule` command line in this process, with `factory` registered for replay.
+      [](const std::vector<std::string>& args, py::object factory, const std::string& program,
+         const std::vector<std::string>& model_args) {
+        // The `capsule` command line in this process. `factory` (from --model) builds the model
+        // of any capsule it replays, whatever name the capsule recorded: one factory is named for
+        // the capsules at hand, wherever FILE stands among the options.
         ModelRegistry registry;
-        if (!model_name.empty() && !factory.is_none()) {
-          Status s = registry.Register(
-              model_name, [factory](const ModelSpecInfo& spec) -> StatusOr<std::unique_ptr<Model>> {
+        if (!factory.is_none()) {
+          Status s = registry.SetFallback(
+              [factory](const ModelSpecInfo& spec) -> StatusOr<std::unique_ptr<Model>> {
                 py::gil_scoped_acquire gil;
                 try {
                   py::object made = factory(spec.config_json);
@@ -498,11 +515,18 @@ PYBIND11_MODULE(_capsule, m) {
                   h->keep = made;
                   return std::unique_ptr<Model>(std::move(h));
                 } catch (py::error_already_set& e) {
-                  return InvalidArgumentError(std::string("model factory: ") + e.what());
+                  return InvalidArgumentError("the --model factory raised " + PythonError(e));
+                } catch (const py::cast_error&) {
+                  return InvalidArgumentError(
+                      "the --model factory did not return a capsule.Model (it returns "
+                      "capsule.Model(name, module, stages))");
                 }
               });
           if (!s.ok()) throw std::runtime_error(s.message());
         }
+        capsule::cli::Invocation invocation;
+        invocation.program = program;
+        invocation.model_args = model_args;
         std::vector<std::string> argv_storage = args;
         std::vector<char*> argv;
         for (std::string& a : argv_storage) argv.push_back(a.data());
@@ -510,10 +534,12 @@ PYBIND11_MODULE(_capsule, m) {
         int rc = 0;
         {
           py::gil_scoped_release no_gil;
-          rc = capsule::cli::Main(static_cast<int>(argv_storage.size()), argv.data(), registry);
+          rc = capsule::cli::Main(static_cast<int>(argv_storage.size()), argv.data(), registry,
+                                  invocation);
         }
         std::fflush(stdout);
         return rc;
       },
-      py::arg("args"), py::arg("model_name") = "", py::arg("factory") = py::none());
+      py::arg("args"), py::arg("factory") = py::none(), py::arg("program") = "python3 -m capsule",
+      py::arg("model_args") = std::vector<std::string>{});
 }

@@ -283,6 +283,7 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
         layer + " output on its captured input: " +
         (exact ? "bitwise equal to the capture" : "differs from the capture"));
   } else {
+    report.set_fidelity(v1::NOT_CHECKED);
     report.set_fidelity_detail("the extract holds no captured output of " + layer +
                                " (captured for the first anomalous layer only); not judged");
   }

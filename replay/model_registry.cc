@@ -20,12 +20,22 @@ Status ModelRegistry::Register(std::string name, ModelFactory factory) {
   return Status::Ok();
 }
 
+Status ModelRegistry::SetFallback(ModelFactory factory) {
+  if (!factory) return InvalidArgumentError("model registry: the fallback has no factory");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fallback_) {
+    return Status(StatusCode::kAlreadyExists, "model registry: a fallback factory is already set");
+  }
+  fallback_ = std::move(factory);
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<Model>> ModelRegistry::Create(const ModelSpecInfo& spec) const {
   ModelFactory factory;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto it = factories_.find(spec.registry_name);
-    if (it != factories_.end()) factory = it->second;
+    factory = it != factories_.end() ? it->second : fallback_;
   }
   if (!factory) {
     std::string registered;
@@ -62,7 +72,7 @@ std::vector<std::string> ModelRegistry::names() const {
 
 bool ModelRegistry::Has(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return factories_.count(name) != 0;
+  return factories_.count(name) != 0 || static_cast<bool>(fallback_);
 }
 
 }  // namespace capsule

@@ -44,9 +44,14 @@ class ModelRegistry {
   // (the first registration stays).
   Status Register(std::string name, ModelFactory factory);
 
-  // Builds the model spec.registry_name names. kNotFound when that name is not registered (the
-  // message lists the registered names and says to load the model's plugin); the factory's own
-  // error otherwise. A factory that throws or returns no model gives kInternal.
+  // The factory for every name not registered: a user who names one factory for the capsule at
+  // hand (`python3 -m capsule replay FILE --model pkg.module:factory`) means it for whatever name
+  // the capsule recorded. kInvalidArgument for an empty factory; kAlreadyExists when one is set.
+  Status SetFallback(ModelFactory factory);
+
+  // Builds the model spec.registry_name names (or, when that name is not registered, with the
+  // fallback factory). kNotFound when there is neither (the message lists the registered names);
+  // the factory's own error otherwise. A factory that throws or returns no model gives kInternal.
   StatusOr<std::unique_ptr<Model>> Create(const ModelSpecInfo& spec) const;
 
   // Registered names, sorted.
@@ -56,6 +61,7 @@ class ModelRegistry {
  private:
   mutable std::mutex mu_;
   std::map<std::string, ModelFactory> factories_;  // guarded by mu_
+  ModelFactory fallback_;                          // guarded by mu_
 };
 
 }  // namespace capsule

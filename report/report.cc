@@ -17,6 +17,7 @@
 #include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/replay_text.h"
+#include "capsule/report/replay_tool.h"
 
 namespace capsule {
 namespace {
@@ -461,7 +462,9 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
   // A name a shell could not be given as typed is shown escaped (base/printable.h).
   const std::string file = ShellQuote(Printable(m.file_name));
   m.verify_command = "capsule verify " + file + " --pubkey SIGNER.pub";
-  m.replay_command = "capsule replay " + file + " --plugin <model plugin> " + trust + " --bisect";
+  const ReplayTool tool = ReplayToolFor(c);
+  m.replay_command =
+      tool.program + " replay " + file + " " + tool.model_args + " " + trust + " --bisect";
   m.left_out = cap.Finish();
   return m;
 }

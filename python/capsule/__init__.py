@@ -29,11 +29,21 @@ path is, by default, a float64 copy of the module on CPU running the same stages
 """
 import copy
 import json
-import os
+import sys
 
-import torch
-
-from capsule import _capsule
+try:
+    import torch
+except ImportError as _e:  # another interpreter than the one whose torch the engine links
+    raise ImportError(
+        f"capsule needs Debian's python3-torch, the PyTorch that shares its LibTorch: run it with "
+        f"/usr/bin/python3 (this is {sys.executable}, which cannot import torch: {_e})") from None
+try:
+    from capsule import _capsule
+except ImportError as _e:
+    raise ImportError(
+        f"capsule's engine (capsule._capsule) was not built for this interpreter "
+        f"({sys.executable}, Python {sys.version.split()[0]}): build it with the Python that "
+        f"runs it, /usr/bin/python3 ({_e})") from None
 
 __all__ = ["Model", "Monitor", "Step", "check_stages", "decoder_stages", "sequential_stages",
            "main"]
@@ -217,6 +227,8 @@ class Step:
         return self.report
 
     def capture_now(self, reason):
+        """A MANUAL capsule of this step. The report's ``refused`` is non-empty (and the log says
+        why) when a rate limit kept the capsule from being written."""
         self.report = self._monitor._m.capture_now(reason)
         return self.report
 
@@ -316,29 +328,42 @@ def _as_bytes(state):
 
 def main(argv=None):
     """``python3 -m capsule SUBCOMMAND ...``: the capsule command line, in this process. For
-    ``replay`` and ``extract``, ``--model pkg.module:factory`` names the function that rebuilds the
-    model from its config dict (it returns a ``capsule.Model``)."""
+    commands that run a model (replay, extract, gate, minimize, stress), ``--model
+    pkg.module:factory`` names the function that rebuilds the model from its config dict (it
+    returns a ``capsule.Model``); it may stand anywhere among the options. Returns the exit status
+    (2 for a ``--model`` that cannot be imported)."""
     import importlib
     import sys
     args = list(sys.argv[1:] if argv is None else argv)
-    factory = None
-    if "--model" in args:
-        i = args.index("--model")
-        if i + 1 >= len(args):
-            print("capsule: --model needs pkg.module:function", file=sys.stderr)
-            return 2
-        spec = args[i + 1]
-        del args[i:i + 2]
+    factory, spec = None, None
+    for i, a in enumerate(args):
+        if a == "--model" or a.startswith("--model="):
+            if a == "--model":
+                if i + 1 >= len(args):
+                    print("capsule: --model needs pkg.module:function", file=sys.stderr)
+                    return 2
+                spec = args[i + 1]
+                del args[i:i + 2]
+            else:
+                spec = a[len("--model="):]
+                del args[i]
+            break
+    if spec is not None:
         module_name, _, fn = spec.partition(":")
-        if not fn:
+        if not module_name or not fn:
             print(f"capsule: --model {spec}: want pkg.module:function", file=sys.stderr)
             return 2
-        made = getattr(importlib.import_module(module_name), fn)
-        factory = lambda config_json: made(json.loads(config_json))
-    name = ""
-    if factory is not None and len(args) >= 2 and os.path.exists(args[1]):
         try:
-            name = _capsule.registry_name_of(args[1])
-        except RuntimeError:
-            name = ""  # the command itself reports what is wrong with the file
-    return _capsule.cli_main(["capsule"] + args, name, factory)
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            print(f"capsule: --model {spec}: cannot import {module_name} ({e}); is its folder "
+                  f"on PYTHONPATH?", file=sys.stderr)
+            return 2
+        made = getattr(module, fn, None)
+        if not callable(made):
+            print(f"capsule: --model {spec}: {module_name} has no function {fn}",
+                  file=sys.stderr)
+            return 2
+        factory = lambda config_json: made(json.loads(config_json))
+    model_args = ["--model", spec] if spec is not None else []
+    return _capsule.cli_main(["capsule"] + args, factory, "python3 -m capsule", model_args)

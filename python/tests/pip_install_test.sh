@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `pip install --no-build-isolation` from the checkout, with no index: the package builds (in the
-# given build directory), installs, imports from the install and runs the command line.
+# given build directory, nothing written into the checkout), installs, imports from the install
+# and runs the command line.
 # Usage: pip_install_test.sh PYTHON PYTHON_SOURCE_DIR BUILD_DIR
 set -euo pipefail
 python=$1
@@ -8,10 +9,15 @@ src=$2
 build=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp -r "$src" "$work/src"   # pip writes build/ and *.egg-info beside setup.py: not in the checkout
-rm -rf "$work/src/build" "$work/src"/*.egg-info
+# Installing from the checkout itself leaves it as it was: no build/, no *.egg-info beside
+# setup.py (the CMake build is in BUILD_DIR, setuptools' scratch in a temporary folder).
+(cd "$src" && find . -print | sort) > "$work/before"
 CAPSULE_BUILD_DIR=$build "$python" -m pip install --no-build-isolation --no-index --no-deps \
-  --target "$work/site" "$work/src" > "$work/pip.log" 2>&1 || { cat "$work/pip.log"; exit 1; }
+  --target "$work/site" "$src" > "$work/pip.log" 2>&1 || { cat "$work/pip.log"; exit 1; }
+(cd "$src" && find . -print | sort) > "$work/after"
+if ! diff "$work/before" "$work/after" > "$work/tree.diff"; then
+  echo "FAIL: pip install wrote into the checkout:"; cat "$work/tree.diff"; exit 1
+fi
 cd "$work"
 PYTHONPATH=$work/site "$python" - <<'PY'
 import capsule, os, sys

@@ -195,8 +195,11 @@ def test_a_python_and_a_cpp_capsule_of_the_same_kind_compare_with_diff(tmp_path,
     assert any(l.split()[:2] == ["config", "model.registry_name"] and "py_tiny_gpt" in l
                for l in rows), r.stdout
     assert not any("corpus:corpus.txt" in l or "tokenizer:tokenizer.json" in l for l in rows)
-    assert any(l.startswith("layers    blocks.3/forward rms") for l in rows), r.stdout
-    assert any(l.startswith("layers    embed/backward rms") for l in rows), r.stdout
+    assert any(l.split()[:3] == ["layers", "blocks.3/forward", "rms"] for l in rows), r.stdout
+    assert any(l.split()[:3] == ["layers", "embed/backward", "rms"] for l in rows), r.stdout
+    # The Python capsule says it was written from Python; the C++ one does not.
+    assert any(l.split()[:3] == ["environment", "libraries.python", sys.version.split()[0]]
+               for l in rows), r.stdout
     assert not any(" - " in l and l.startswith("layers") for l in rows), "a layer on one side only"
 
 
@@ -216,6 +219,36 @@ def test_readme_python_snippet_runs(tmp_path, keys):
            "forward": lambda b: run_step(net, b["input_ids"], b["labels"])}
     exec(compile(snippet, "README.md (Python)", "exec"), env)
     assert env["monitor"].capsules_written == 0
+
+
+def test_readme_python_snippet_never_steps_on_a_nan_gradient(tmp_path, keys):
+    # The loss is finite at every step; one step's gradient is NaN (a hook poisons it). The
+    # snippet's guard must keep that step's update out of the weights.
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Python"):]
+    snippet = re.search(r"```python\n(.*?)\n```", section, re.S).group(1)
+    net, _, loader = small_setup(tmp_path, keys)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    batches = []
+    for _ in range(3):
+        x, y, _ = loader.next()
+        batches.append({"input_ids": x, "labels": y})
+    poisoned = next(net.parameters())
+
+    def forward(b):
+        loss = run_step(net, b["input_ids"], b["labels"])
+        if b is batches[1]:
+            handle = []
+            handle.append(poisoned.register_hook(
+                lambda g: (handle[0].remove(), torch.full_like(g, float("nan")))[1]))
+        return loss
+
+    env = {"capsule": capsule, "net": net, "stages": ptg.stages(net), "batches": batches,
+           "optimizer": optimizer, "capsule_dir": str(tmp_path / "readme"),
+           "key": str(keys[0]), "grad_norm": ptg.grad_norm, "forward": forward}
+    exec(compile(snippet, "README.md (Python)", "exec"), env)
+    assert env["monitor"].capsules_written == 1  # the NaN gradient's capsule
+    assert all(torch.isfinite(p).all() for p in net.parameters()), "stepped on a NaN gradient"
 
 
 def test_sequential_stages_run_the_module_and_a_nan_names_its_child(tmp_path, keys):

@@ -60,6 +60,14 @@ check() {  # check NAME CAPSULE LAYER EXPECTED_DIAGNOSIS
   x_entry=$(layer_entry "$work/$name.x.json" "$layer")
   [ -n "$x_entry" ] && [ "$full_entry" = "$x_entry" ] ||
     bad "$name" "full replay's $layer: '$full_entry', extract's: '$x_entry' ($(cat "$work/$name.x.json.err"))"
+  # Fidelity is judged (the captured output of the first anomalous layer) or says it was not:
+  # never left unspecified.
+  local fidelity
+  fidelity=$(json "$work/$name.x.json" 'd.get("fidelity")')
+  case "$fidelity" in
+    REPRODUCED_EXACT | REPRODUCED_APPROX | NOT_CHECKED) ;;
+    *) bad "$name" "extract fidelity '$fidelity'" ;;
+  esac
   local d
   d=$(json "$work/$name.x.json" 'd["diagnosis"]')
   [ "$d" = "$want" ] || bad "$name" "extract diagnosis $d, expected $want"
@@ -98,7 +106,14 @@ check_fault() {  # check_fault KIND CAPTURE_ARGS...
   cap=$(record "$kind" --layers 8 --inject "$kind" --inject-layer blocks.6 "$@")
   [ -n "$cap" ] || { bad "$kind" "no capsule written"; return; }
   check "$kind" "$cap" blocks.6 NUMERICS
-  [ "$kind" = eps ] && check "$kind-clean" "$cap" blocks.2 NO_DIVERGENCE
+  if [ "$kind" = eps ]; then
+    check "$kind-clean" "$cap" blocks.2 NO_DIVERGENCE
+    # The text report of an extract has no loss to show, and says so.
+    (cd "$work/elsewhere" && "$capsule" replay "$work/$kind-clean.blocks.2.extract" \
+      --plugin "$plugin" --pubkey "$work/k.pub" > "$work/x.txt" 2>&1)
+    grep -qx "loss: none (the extract runs blocks.2 alone); 1 intra-op threads" "$work/x.txt" ||
+      bad "$kind-clean" "extract's loss line: $(grep '^loss' "$work/x.txt")"
+  fi
 }
 
 check_fault nan --steps 5 --inject-step 3
