@@ -570,7 +570,10 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
       }
     }
     const auto rerun_start = std::chrono::steady_clock::now();
-    StatusOr<ProbeResult> probe = RerunStep(state_->model->Path(state_->path), snap);
+    StatusOr<ProbeResult> probe = [&] {
+      internal::BufferGuard buffers(*state_->model);  // running statistics stay the trainer's
+      return RerunStep(state_->model->Path(state_->path), snap);
+    }();
     report->rerun_seconds = SecondsSince(rerun_start);
     for (const auto& [r, state] : put_back) r->restore(state);
     if (!probe.ok()) return probe.status();

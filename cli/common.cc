@@ -58,9 +58,14 @@ std::string RerunRemedy(const Status& status, const RerunFacts& f) {
       // In the order replay checks them: environment, weights, then the batch.
       if (f.torch_version_differs && !f.force) return f.has_force ? "--force to go on anyway" : "";
       if (!f.weights_embedded && !f.weights) {
-        return f.has_weights ? "pass them with --weights FILE (a capsule written with weight "
-                               "policy ALL)"
-                             : "";
+        // A model over max_weight_bytes (256 MiB) is captured without its weights: say both
+        // ways to replay it whole.
+        return f.has_weights
+                   ? "pass them with --weights FILE (a capsule written with weight policy ALL); "
+                     "for later capsules, have the trainer name its checkpoint "
+                     "(MonitorOptions::weights_checkpoint, or monitor.set_weights_checkpoint(path) "
+                     "in Python) and they replay from it"
+                   : "";
       }
       if (f.tokens_redacted) return "";
       // What is left is a model hash mismatch with the weights given.

@@ -90,7 +90,17 @@ class LayerSequence {
   virtual std::vector<ObservedTensor> TakeObserved() { return {}; }
 };
 
-// Runs every layer of `seq` on `batch` and returns the loss.
+// What layer 0 of `seq` receives: {batch.ModelInput()}, as a float64 copy when the path computes
+// in float64 and the input is floating (images, features): the reference path computes from the
+// trainer's own values in FP64, while an optimized path gets exactly what the trainer fed it.
+TensorList FirstLayerInput(const LayerSequence& seq, const LayerBatch& batch);
+
+// Copies of the floating tensors of `xs`, to hand a layer that may change its input in place (a
+// Python stage's nn.ReLU(inplace=True)): the caller's tensors (a recorded output, a leaf it takes
+// gradients against, the batch) keep their values, and gradients flow through the copies.
+TensorList PrivateCopy(const TensorList& xs);
+
+// Runs every layer of `seq` on `batch` (from FirstLayerInput) and returns the loss.
 at::Tensor RunSequence(LayerSequence& seq, const LayerBatch& batch);
 
 }  // namespace capsule

@@ -44,6 +44,29 @@ Status Model::LoadParameters(const std::vector<NamedTensor>& params) {
   return Status::Ok();
 }
 
+Status Model::LoadBuffers(const std::vector<NamedTensor>& buffers) {
+  const std::vector<NamedTensor> own = NamedBuffers();
+  std::map<std::string, const at::Tensor*> expected;
+  for (const auto& [name, tensor] : own) expected.emplace(name, &tensor);
+  for (const auto& [name, value] : buffers) {
+    const auto it = expected.find(name);
+    if (it == expected.end()) return InvalidArgumentError("unknown buffer '" + name + "'");
+    if (!value.defined() || value.sizes() != it->second->sizes()) {
+      std::ostringstream message;
+      message << "buffer '" << name << "' has shape "
+              << (value.defined() ? value.sizes() : at::IntArrayRef{}) << ", expected "
+              << it->second->sizes();
+      return InvalidArgumentError(message.str());
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, value] : buffers) {
+    at::Tensor target = *expected.at(name);  // shares the buffer's storage
+    target.copy_(value);
+  }
+  return Status::Ok();
+}
+
 Status Model::SetEnabledFeatures(const std::vector<std::string>& enabled) {
   const std::vector<std::string> known = FeatureSwitches();
   for (const std::string& name : enabled) {

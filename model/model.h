@@ -71,6 +71,17 @@ class Model {
   // model's own, not copies), under at::NoGradGuard: override it only to load differently.
   virtual Status LoadParameters(const std::vector<NamedTensor>& params);
 
+  // State that is not trained but changes what the model computes (BatchNorm running statistics
+  // and its batch count), with module-path names; the model's own tensors, not copies. Capture
+  // embeds it and puts it back after its re-run (which would move running statistics), and replay
+  // loads it before running either path. Not part of the canonical model hash. Default: none.
+  virtual std::vector<NamedTensor> NamedBuffers() const { return {}; }
+
+  // Copies values into NamedBuffers() by name, under at::NoGradGuard. A subset may be given (a
+  // layer extract carries its layer's buffers only); kInvalidArgument for a name the model lacks
+  // or a shape that differs, and nothing is copied then.
+  virtual Status LoadBuffers(const std::vector<NamedTensor>& buffers);
+
   // Named optimization switches of the OPTIMIZED path ("fused_softmax", "bf16_matmul"): each
   // swaps a plain implementation of the same math for an optimized one. Replay's features bisect
   // (`capsule replay --bisect=features`) turns them on and off to name the switch that makes a

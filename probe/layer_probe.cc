@@ -30,14 +30,14 @@ namespace {
 StatusOr<ProbeResult> ProbeLayers(LayerSequence& seq, const LayerBatch& batch,
                                   const ProbeOptions& options) {
   ProbeResult r;
-  TensorList x = {batch.ModelInput()};
+  TensorList x = FirstLayerInput(seq, batch);
   for (size_t i = 0; i < seq.size(); ++i) {
     LayerRecord rec;
     rec.index = static_cast<int>(i);
     rec.name = seq.name(i);
     rec.inputs = x;
     try {
-      x = seq.Forward(i, x, batch);
+      x = seq.Forward(i, PrivateCopy(x), batch);  // the record keeps x as layer i-1 made it
     } catch (const c10::Error& e) {
       r.error = rec.name + ": " + e.what_without_backtrace();
       r.layers.push_back(std::move(rec));

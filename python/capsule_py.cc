@@ -56,8 +56,10 @@ std::string PythonError(py::error_already_set& e) {
   return summary;
 }
 
-// The batch as the stages see it: a dict of the LayerBatch's defined tensors.
-py::dict BatchDict(const LayerBatch& b) {
+// The batch as the stages of a path computing in `dtype` see it: a dict of the LayerBatch's
+// defined tensors, the floating ones (images, regression targets, float masks) in float64 for a
+// float64 path, as its first layer's input is (model/layer_sequence.h FirstLayerInput).
+py::dict BatchDict(const LayerBatch& b, at::ScalarType dtype) {
   py::dict d;
   const std::pair<const char*, const at::Tensor*> fields[] = {{"input_ids", &b.input_ids},
                                                               {"inputs", &b.inputs},
@@ -65,7 +67,9 @@ py::dict BatchDict(const LayerBatch& b) {
                                                               {"attention_mask", &b.attention_mask},
                                                               {"loss_mask", &b.loss_mask}};
   for (const auto& [name, t] : fields) {
-    if (t->defined()) d[name] = *t;
+    if (!t->defined()) continue;
+    const bool widen = dtype == at::kDouble && t->is_floating_point() && t->scalar_type() != dtype;
+    d[name] = widen ? t->detach().to(dtype) : *t;
   }
   d["labels_shifted"] = b.labels_shifted;
   d["training"] = b.training;
@@ -85,6 +89,7 @@ LayerBatch BatchFromDict(const py::dict& d) {
   b.attention_mask = TensorOr(d, "attention_mask");
   b.loss_mask = TensorOr(d, "loss_mask");
   if (d.contains("labels_shifted")) b.labels_shifted = d["labels_shifted"].cast<bool>();
+  if (d.contains("training")) b.training = d["training"].cast<bool>();
   return b;
 }
 
@@ -98,9 +103,11 @@ class PyLayerSequence : public LayerSequence {
       py::tuple t = s.cast<py::tuple>();
       names_.push_back(t[0].cast<std::string>());
       fns_.push_back(py::reinterpret_borrow<py::object>(t[1]));
-      // An optional third element names the submodule whose parameters the stage owns ("" for the
-      // whole module); by default, the submodule the stage is named after.
-      owners_.push_back(t.size() > 2 ? t[2].cast<std::string>() : names_.back());
+      // The third element lists the submodule paths ("" for the whole module) or parameter
+      // names whose parameters the stage owns (python/capsule/__init__.py fills it in: by
+      // default, the submodule the stage is named after).
+      owners_.push_back(t.size() > 2 ? t[2].cast<std::vector<std::string>>()
+                                     : std::vector<std::string>{names_.back()});
     }
   }
 
@@ -111,33 +118,56 @@ class PyLayerSequence : public LayerSequence {
   TensorList Forward(size_t i, const TensorList& inputs, const LayerBatch& batch) override {
     py::gil_scoped_acquire gil;
     try {
+      // The stage runs in the batch's mode (train: dropout, BatchNorm's batch statistics; eval:
+      // its running statistics), and the module is left in the mode it was in.
+      const bool was_training = module_.attr("training").cast<bool>();
+      if (was_training != batch.training) module_.attr("train")(batch.training);
+      struct ModeBack {
+        py::object module;
+        bool mode, changed;
+        ~ModeBack() {
+          try {
+            if (changed) module.attr("train")(mode);
+          } catch (py::error_already_set&) {
+            // The stage's own error, if any, is the one to report.
+          }
+        }
+      } back{module_, was_training, was_training != batch.training};
       py::object x = inputs.size() == 1 ? py::cast(inputs[0]) : py::cast(inputs);
-      py::object out = fns_.at(i)(module_, x, BatchDict(batch));
+      py::object out = fns_.at(i)(module_, x, BatchDict(batch, dtype_));
       if (py::isinstance<py::list>(out) || py::isinstance<py::tuple>(out)) {
         return out.cast<TensorList>();
       }
       return {out.cast<at::Tensor>()};
     } catch (py::error_already_set& e) {
-      // A Python exception in a stage is the model's error, as a c10::Error is in C++: callers
-      // at the library boundary (Monitor, replayer) report it and carry on.
-      throw std::runtime_error("stage " + names_.at(i) + " raised " + PythonError(e));
+      // A Python exception in a stage is the model's error: thrown as the c10::Error a C++
+      // layer throws (LayerSequence::Forward's contract), which callers at the library boundary
+      // (Monitor, replayer) report before carrying on.
+      throw c10::Error("stage " + names_.at(i) + " raised " + PythonError(e), "");
     }
   }
 
   std::vector<NamedTensor> LayerParameters(size_t i) const override {
     py::gil_scoped_acquire gil;
     std::vector<NamedTensor> out;
-    const std::string& owner = owners_.at(i);
-    py::object sub;
-    try {
-      sub = module_.attr("get_submodule")(owner);
-    } catch (py::error_already_set&) {
-      return out;  // a stage without a submodule ("loss") owns no parameters
-    }
-    const std::string prefix = owner.empty() ? "" : owner + ".";
-    for (const py::handle& item : sub.attr("named_parameters")()) {
-      py::tuple t = item.cast<py::tuple>();
-      out.emplace_back(prefix + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+    for (const std::string& owner : owners_.at(i)) {
+      py::object sub;
+      try {
+        sub = module_.attr("get_submodule")(owner);
+      } catch (py::error_already_set&) {
+        // Not a submodule: a parameter of its own ("class_token"), or nothing (a stage named
+        // "loss" owns no parameters).
+        try {
+          out.emplace_back(owner, module_.attr("get_parameter")(owner).cast<at::Tensor>());
+        } catch (py::error_already_set&) {
+        }
+        continue;
+      }
+      const std::string prefix = owner.empty() ? "" : owner + ".";
+      for (const py::handle& item : sub.attr("named_parameters")()) {
+        py::tuple t = item.cast<py::tuple>();
+        out.emplace_back(prefix + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+      }
     }
     return out;
   }
@@ -162,7 +192,7 @@ class PyLayerSequence : public LayerSequence {
   py::object observed_;
   std::vector<std::string> names_;
   std::vector<py::object> fns_;
-  std::vector<std::string> owners_;
+  std::vector<std::vector<std::string>> owners_;
 };
 
 // A Python model: the optimized path over the trainer's module and a reference path. `sync`, when
@@ -195,6 +225,18 @@ class PyModel : public Model {
     py::gil_scoped_acquire gil;
     std::vector<NamedTensor> out;
     for (const py::handle& item : optimized_.module().attr("named_parameters")()) {
+      py::tuple t = item.cast<py::tuple>();
+      out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+    }
+    return out;
+  }
+
+  // The module's buffers (BatchNorm's running statistics), as the engine saves, embeds and loads
+  // them; the reference copy follows them through `sync`.
+  std::vector<NamedTensor> NamedBuffers() const override {
+    py::gil_scoped_acquire gil;
+    std::vector<NamedTensor> out;
+    for (const py::handle& item : optimized_.module().attr("named_buffers")()) {
       py::tuple t = item.cast<py::tuple>();
       out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
     }
@@ -507,6 +549,9 @@ PYBIND11_MODULE(_capsule, m) {
                     LayerSequence& Path(PathKind k) override { return m->Path(k); }
                     std::vector<NamedTensor> NamedParameters() const override {
                       return m->NamedParameters();
+                    }
+                    std::vector<NamedTensor> NamedBuffers() const override {
+                      return m->NamedBuffers();
                     }
                     ModelSpecInfo Spec() const override { return m->Spec(); }
                   };

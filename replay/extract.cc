@@ -104,13 +104,14 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
   CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> params, internal::ParameterTensors(full));
   Status s = model->LoadParameters(params);
   if (!s.ok()) return s.WithContext("cannot load the capsule's weights");
+  CAPSULE_RETURN_IF_ERROR(internal::LoadCapsuleBuffers(full, *model));
   LayerSequence& ref = model->Path(PathKind::kReference);
   CAPSULE_ASSIGN_OR_RETURN(const size_t index, LayerIndex(ref, options.layer));
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadEvalBatch(full));
   CAPSULE_RETURN_IF_ERROR(internal::RequireInputIds(full, batch));
 
   // The reference path up to the layer, as the full replay's reference run computes it.
-  TensorList x = {batch.ModelInput()};
+  TensorList x = FirstLayerInput(ref, batch);
   try {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < index; ++i) x = ref.Forward(i, x, batch);
@@ -179,7 +180,9 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
   std::set<std::string> own;
   for (const NamedTensor& p : ref.LayerParameters(index)) own.insert(p.first);
   for (const auto& t : full.tensors()) {
-    if (t.role() != v1::PARAMETER || own.count(t.name()) == 0) continue;
+    const bool own_parameter = t.role() == v1::PARAMETER && own.count(t.name()) != 0;
+    const bool own_buffer = t.role() == v1::BUFFER && t.layer() == options.layer;
+    if (!own_parameter && !own_buffer) continue;
     v1::TensorBlob* blob = out.add_tensors();
     *blob = t;
     blob->set_layer(options.layer);
@@ -220,6 +223,7 @@ StatusOr<v1::ReplayReport> ReplayExtract(const v1::Capsule& c, const ModelRegist
   }
   Status s = model->LoadParameters(merged);
   if (!s.ok()) return s.WithContext("cannot load the extract's parameters");
+  CAPSULE_RETURN_IF_ERROR(internal::LoadCapsuleBuffers(c, *model));
 
   LayerSequence& ref = model->Path(PathKind::kReference);
   LayerSequence& opt = model->Path(PathKind::kOptimized);

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -119,7 +120,9 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
     }
     report.add_warnings(msg);
   }
-  return Status::Ok();
+  // The buffers the capture recorded (BatchNorm's running statistics): an eval-mode model
+  // computes with them.
+  return internal::LoadCapsuleBuffers(c, model);
 }
 
 // Parameters the trainer had frozen (requires_grad false in the capsule) are frozen here too, so
@@ -250,7 +253,7 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
     }
     if (wrt.empty()) return wrt;
     try {
-      TensorList out = seq.Forward(i, in, batch);
+      TensorList out = seq.Forward(i, PrivateCopy(in), batch);  // `in` are the leaves
       if (!out.at(0).requires_grad()) return std::vector<NamedTensor>{};
       TensorList tensors;
       for (const auto& w : wrt) tensors.push_back(w.second);
@@ -378,27 +381,90 @@ Status RunBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& ba
   return SearchLayers(options.bisect, opt, v1::FORWARD, "bisect", oracle, br);
 }
 
-// A composite run forward and backward: layers [0, k) OPTIMIZED, [k, n) REFERENCE, and the
-// gradient of the loss with respect to each of `params` (undefined where it does not reach).
-StatusOr<std::vector<at::Tensor>> CompositeGradients(Model& model, const LayerBatch& batch,
-                                                     size_t k,
-                                                     const std::vector<at::Tensor>& params) {
+// A parameter the backward bisect compares, with the tensors that hold it on each path, by the
+// layers that own them: a model whose reference path is a float64 copy (the Python default) holds
+// two tensors per parameter, one that shares its weights holds one.
+struct CompositeParameter {
+  std::string name;
+  at::Tensor reference_grad;                            // the reference run's gradient
+  std::vector<std::pair<size_t, at::Tensor>> opt, ref;  // (owning layer, tensor) per path
+};
+
+std::vector<CompositeParameter> CompositeParameters(Model& model, const ReferenceRun& ref_run) {
   LayerSequence& ref = model.Path(PathKind::kReference);
   LayerSequence& opt = model.Path(PathKind::kOptimized);
+  std::map<std::string, size_t> index;
+  std::vector<CompositeParameter> out;
+  for (const ParameterGrad& p : ref_run.parameter_grads) {
+    if (!p.grad.defined() || index.count(p.name)) continue;
+    index[p.name] = out.size();
+    out.push_back({p.name, p.grad, {}, {}});
+  }
+  for (size_t i = 0; i < opt.size(); ++i) {
+    for (const NamedTensor& t : opt.LayerParameters(i)) {
+      auto it = index.find(t.first);
+      if (it != index.end() && t.second.requires_grad())
+        out[it->second].opt.push_back({i, t.second});
+    }
+    for (const NamedTensor& t : ref.LayerParameters(i)) {
+      auto it = index.find(t.first);
+      if (it != index.end() && t.second.requires_grad())
+        out[it->second].ref.push_back({i, t.second});
+    }
+  }
+  return out;
+}
+
+// A composite run forward and backward: layers [0, k) OPTIMIZED, [k, n) REFERENCE, and the
+// gradient of the loss with respect to each parameter, summed over the tensors the layers that ran
+// used for it: the optimized path's own below k, the reference path's from k (undefined where
+// the gradient does not reach).
+StatusOr<std::vector<at::Tensor>> CompositeGradients(
+    Model& model, const LayerBatch& batch, size_t k,
+    const std::vector<CompositeParameter>& params) {
+  LayerSequence& ref = model.Path(PathKind::kReference);
+  LayerSequence& opt = model.Path(PathKind::kOptimized);
+  std::vector<at::Tensor> wrt;
+  std::vector<std::vector<size_t>> slots(params.size());  // params[j]'s tensors in wrt
+  for (size_t j = 0; j < params.size(); ++j) {
+    auto add = [&](const at::Tensor& t) {
+      for (size_t s : slots[j]) {
+        if (wrt[s].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+      }
+      slots[j].push_back(wrt.size());
+      wrt.push_back(t);
+    };
+    for (const auto& [layer, t] : params[j].opt) {
+      if (layer < k) add(t);
+    }
+    for (const auto& [layer, t] : params[j].ref) {
+      if (layer >= k) add(t);
+    }
+  }
   try {
     at::AutoGradMode grad_mode(true);
-    TensorList x = {batch.ModelInput()};
+    TensorList x = FirstLayerInput(k > 0 ? opt : ref, batch);
     for (size_t i = 0; i < opt.size(); ++i) {
       LayerSequence& seq = i < k ? opt : ref;
       TensorList in;
       for (const at::Tensor& t : x) {
         in.push_back(t.defined() && t.is_floating_point() ? t.to(seq.compute_dtype()) : t);
       }
-      x = seq.Forward(i, in, batch);
+      x = seq.Forward(i, PrivateCopy(in), batch);
     }
-    if (!x.at(0).requires_grad()) return std::vector<at::Tensor>(params.size());
-    return torch::autograd::grad({x.at(0)}, params, {}, /*retain_graph=*/false,
-                                 /*create_graph=*/false, /*allow_unused=*/true);
+    std::vector<at::Tensor> grads(params.size());
+    if (!x.at(0).requires_grad() || wrt.empty()) return grads;
+    const std::vector<at::Tensor> g =
+        torch::autograd::grad({x.at(0)}, wrt, {}, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t j = 0; j < params.size(); ++j) {
+      for (size_t s : slots[j]) {
+        if (!g[s].defined()) continue;
+        const at::Tensor gs = g[s].to(at::kDouble);
+        grads[j] = grads[j].defined() ? grads[j] + gs : gs;
+      }
+    }
+    return grads;
   } catch (const c10::Error& e) {
     return FromTorch(e, "composite backward k=" + std::to_string(k));
   }
@@ -411,18 +477,7 @@ StatusOr<std::vector<at::Tensor>> CompositeGradients(Model& model, const LayerBa
 Status RunBackwardBisect(Model& model, const ReferenceRun& ref_run, const LayerBatch& batch,
                          const ReplayOptions& options, v1::ReplayReport& report) {
   LayerSequence& opt = model.Path(PathKind::kOptimized);
-  std::vector<std::string> names;
-  std::vector<at::Tensor> params, reference;
-  for (const ParameterGrad& p : ref_run.parameter_grads) {
-    if (!p.grad.defined()) continue;
-    for (const NamedTensor& t : model.NamedParameters()) {
-      if (t.first == p.name && t.second.requires_grad()) {
-        names.push_back(p.name);
-        params.push_back(t.second);
-        reference.push_back(p.grad);
-      }
-    }
-  }
+  const std::vector<CompositeParameter> params = CompositeParameters(model, ref_run);
   if (params.empty()) return Status::Ok();  // nothing has a gradient: nothing to search
   CompareOptions oracle_opts;
   oracle_opts.tolerance = options.bisect_tolerance ? *options.bisect_tolerance
@@ -437,8 +492,9 @@ Status RunBackwardBisect(Model& model, const ReferenceRun& ref_run, const LayerB
     probe.set_k(static_cast<int>(k));
     bool bad = false;
     for (size_t j = 0; j < params.size(); ++j) {
-      const at::Tensor g = (*grads)[j].defined() ? (*grads)[j] : at::zeros_like(reference[j]);
-      auto cmp = CompareTensors(g, reference[j], names[j], oracle_opts);
+      const at::Tensor& want = params[j].reference_grad;
+      const at::Tensor g = (*grads)[j].defined() ? (*grads)[j] : at::zeros_like(want);
+      auto cmp = CompareTensors(g, want, params[j].name, oracle_opts);
       if (!cmp.ok()) return bisect::OracleAnswer::Error(cmp.status().message());
       bad |= cmp->diverged;
       AddToProbe(*cmp, probe);
@@ -741,6 +797,12 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
   CAPSULE_RETURN_IF_ERROR(internal::PinEnvironment(c, options.force, &warnings));
   for (const std::string& w : warnings) report.add_warnings(w);
   report.set_intra_op_threads(at::get_num_threads());
+  // A model observed through module hooks is one layer here; the capsule names the module.
+  const std::string& first = c.numerics().first_anomalous_layer();
+  const auto& layers = c.model().layers();
+  if (!first.empty() && std::find(layers.begin(), layers.end(), first) == layers.end()) {
+    report.set_captured_first_module(first);
+  }
   if (options.progress) options.progress("rebuilding " + c.model().registry_name());
   CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                            registry.Create({c.model().registry_name(), c.model().config_json()}));
@@ -756,7 +818,7 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
   CAPSULE_RETURN_IF_ERROR(LoadWeights(c, options, *model, report));
   ApplyFrozen(c, *model);
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatch(c));
-  batch.training = true;
+  batch.training = !c.data().eval_mode();  // the trainer's mode, for the fidelity run
 
   const PathKind trainer_path =
       c.model().trainer_path() == v1::REFERENCE ? PathKind::kReference : PathKind::kOptimized;

@@ -255,6 +255,7 @@ StatusOr<v1::StressReport> StressLayer(const v1::Capsule& c, const ModelRegistry
   }
   CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> params, internal::ParameterTensors(c));
   CAPSULE_RETURN_IF_ERROR(model->LoadParameters(params));
+  CAPSULE_RETURN_IF_ERROR(internal::LoadCapsuleBuffers(c, *model));
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, internal::LoadBatchTensors(c));
   CAPSULE_RETURN_IF_ERROR(internal::RequireInputIds(c, batch));
   batch.training = false;  // the arithmetic is compared, not the dropout masks

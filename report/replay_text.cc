@@ -100,7 +100,9 @@ std::string StageName(int stage) {
   }
 }
 
-std::string DiagnosisSentence(const v1::ReplayReport& r) {
+namespace {
+
+std::string Sentence(const v1::ReplayReport& r) {
   switch (r.diagnosis()) {
     case v1::TRANSIENT:
       return "transient: the failure did not reproduce (" + r.fidelity_detail() + ")" +
@@ -132,6 +134,19 @@ std::string DiagnosisSentence(const v1::ReplayReport& r) {
     default:
       return "";
   }
+}
+
+}  // namespace
+
+std::string DiagnosisSentence(const v1::ReplayReport& r) {
+  std::string sentence = Sentence(r);
+  if (!r.captured_first_module().empty()) {
+    sentence += "; the capture recorded the first non-finite output at module " +
+                r.captured_first_module() +
+                " (the model was observed, not described as stages: describe it as stages for "
+                "a layer-by-layer answer)";
+  }
+  return sentence;
 }
 
 }  // namespace capsule

@@ -89,6 +89,7 @@ Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
   const LayerBatch& lb = snap.batch.tensors;
   v1::DataBatch& data = *c.mutable_data();
   data.set_labels_shifted(lb.labels_shifted);
+  data.set_eval_mode(!lb.training);
   v1::DataCursor& cur = *data.mutable_cursor();
   cur.set_epoch(snap.cursor.epoch);
   cur.set_shard(snap.cursor.shard);
@@ -323,6 +324,30 @@ void FillWeightsReference(const std::string& path, const std::vector<NamedTensor
                             differs + "; replay of the whole step needs a checkpoint of this step");
 }
 
+// The module a parameter or buffer belongs to: its name without the last component.
+std::string ModuleOf(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? std::string() : name.substr(0, dot);
+}
+
+// The model's buffers beside its weights, under the same policy (all, or the anomalous layer's),
+// each owned by the layer that owns a parameter of its module. Copied, not held: the trainer's
+// next forward updates running statistics in place.
+Status EmbedBuffers(const Model& model, const std::map<std::string, std::string>& owner,
+                    WeightPolicy policy, const std::string& anomalous_name, BuiltCapsule& built) {
+  const std::vector<NamedTensor> buffers = model.NamedBuffers();
+  if (buffers.empty()) return Status::Ok();
+  std::map<std::string, std::string> module_layer;  // module path -> layer
+  for (const auto& [param, layer] : owner) module_layer.emplace(ModuleOf(param), layer);
+  for (const NamedTensor& b : buffers) {
+    const auto it = module_layer.find(ModuleOf(b.first));
+    const std::string layer = it != module_layer.end() ? it->second : std::string();
+    if (policy == WeightPolicy::kAnomalousLayer && layer != anomalous_name) continue;
+    CAPSULE_RETURN_IF_ERROR(Embed(b.first, b.second, v1::BUFFER, layer, built.capsule));
+  }
+  return Status::Ok();
+}
+
 Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
                  const MonitorOptions& options, BuiltCapsule& built) {
   v1::Capsule& c = built.capsule;
@@ -374,7 +399,7 @@ Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
     if (policy == WeightPolicy::kAnomalousLayer && layer != anomalous_name) continue;
     CAPSULE_RETURN_IF_ERROR(EmbedHeld(p.first, p.second, layer, built));
   }
-  return Status::Ok();
+  return EmbedBuffers(model, owner, policy, anomalous_name, built);
 }
 
 // The log ring as the Monitor will hold it once `notes` are appended (at most log_lines lines).

@@ -8,6 +8,8 @@
 //   StatusOr<ProbeResult> r = ProbeStep(seq, batch, {});
 //   CAPSULE_RETURN_IF_ERROR(guard.Restore());
 //
+// BufferGuard does the same for the model's buffers (BatchNorm's running statistics).
+//
 // Thread safety: LibTorch's RNGs and thread count are process-wide; one guard at a time, on the
 // thread that runs the re-run.
 #ifndef CAPSULE_CAPTURE_INTERNAL_RERUN_GUARD_H_
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "capsule/base/status.h"
+#include "capsule/model/model.h"
 #include "capsule/probe/rng_state.h"
 
 namespace capsule::internal {
@@ -40,6 +43,21 @@ class RerunGuard {
   std::vector<RngBlobData> saved_rngs_;
   int saved_threads_;
   bool restored_ = false;
+};
+
+// The model's buffers (model/model.h NamedBuffers), saved when constructed and copied back when
+// it goes out of scope: a re-run in training mode moves BatchNorm's running statistics, which the
+// trainer must find as it left them.
+class BufferGuard {
+ public:
+  explicit BufferGuard(const Model& model);
+  ~BufferGuard();
+  BufferGuard(const BufferGuard&) = delete;
+  BufferGuard& operator=(const BufferGuard&) = delete;
+
+ private:
+  std::vector<NamedTensor> live_;  // the model's own buffers
+  std::vector<at::Tensor> saved_;  // their values when the guard was made
 };
 
 }  // namespace capsule::internal

@@ -30,6 +30,7 @@ path is, by default, a float64 copy of the module on CPU running the same stages
 import copy
 import json
 import sys
+import warnings
 
 try:
     import torch
@@ -46,7 +47,7 @@ except ImportError as _e:
         f"runs it, /usr/bin/python3 ({_e})") from None
 
 __all__ = ["Model", "Monitor", "Step", "check_stages", "decoder_stages", "sequential_stages",
-           "main"]
+           "torchvision_stages", "main"]
 
 
 class Model:
@@ -61,13 +62,9 @@ class Model:
     def __init__(self, name, module, stages, config=None, reference=None, reference_stages=None):
         self.name = name
         self.module = module
-        self.stages = list(stages)
+        self.stages = [_normalized_stage(module, stage) for stage in stages]
         self.config = config if callable(config) else dict(config or {})
-        for stage in self.stages:
-            if not (isinstance(stage, tuple) and len(stage) in (2, 3) and callable(stage[1])):
-                raise TypeError("capsule.Model: each stage is a (name, fn(module, x, batch)) pair, "
-                                "or (name, fn, owner) with the submodule path owning its "
-                                "parameters")
+        _warn_unowned(module, self.stages)
         if reference is None:
             # A float64 copy on CPU, refreshed from the trainer's weights before each use.
             self.reference = copy.deepcopy(module).to(device="cpu", dtype=torch.float64)
@@ -75,7 +72,8 @@ class Model:
         else:
             self.reference = reference
             self._owns_reference = False
-        self.reference_stages = list(reference_stages or self.stages)
+        self.reference_stages = ([_normalized_stage(self.reference, st) for st in reference_stages]
+                                 if reference_stages else list(self.stages))
         self.observe_only = False
         self._observed = None
         self._engine = None
@@ -98,7 +96,8 @@ class Model:
             def record(path, output):
                 if not isinstance(output, torch.Tensor) or not output.is_floating_point():
                     return
-                seen.append((path, False, output.detach()))
+                # A copy: a later module may change this output in place (ReLU(inplace=True)).
+                seen.append((path, False, output.detach().clone()))
                 if output.requires_grad:
                     output.register_hook(lambda g: seen.append((path, True, g.detach())))
 
@@ -135,6 +134,12 @@ class Model:
             for name, p in self.reference.named_parameters():
                 p.copy_(src[name].detach().to(device="cpu", dtype=torch.float64))
                 p.requires_grad_(src[name].requires_grad)
+            # Buffers are state too (BatchNorm's running statistics, its batch count): floating
+            # ones in float64 like the weights, the others as they are.
+            src = dict(self.module.named_buffers())
+            for name, b in self.reference.named_buffers():
+                b.copy_(src[name].detach().to(device="cpu", dtype=b.dtype))
+
 
     def _engine_model(self):
         if self._engine is None:
@@ -143,6 +148,56 @@ class Model:
                 self.reference_stages, self._sync_reference,
                 self._take_observed if self.observe_only else None)
         return self._engine
+
+
+def _normalized_stage(module, stage):
+    """``(name, fn)`` or ``(name, fn, owners)`` as ``(name, fn, [owner, ...])``: the submodule
+    paths or parameter names whose parameters the stage owns. By default a stage owns the
+    submodule it is named after, if there is one ("" is the whole module)."""
+    if not (isinstance(stage, tuple) and len(stage) in (2, 3) and isinstance(stage[0], str)
+            and callable(stage[1])):
+        raise TypeError("capsule.Model: each stage is a (name, fn(module, x, batch)) pair, or "
+                        "(name, fn, owners) with the submodule paths or parameter names whose "
+                        "parameters it owns")
+    if len(stage) == 2:
+        return (stage[0], stage[1], [stage[0]])
+    owners = [stage[2]] if isinstance(stage[2], str) else list(stage[2])
+    for owner in owners:
+        if not isinstance(owner, str) or _owned_parameters(module, owner) is None:
+            raise ValueError(f"capsule.Model: stage '{stage[0]}' owns '{owner}', which is neither "
+                             f"a submodule nor a parameter of the module")
+    return (stage[0], stage[1], owners)
+
+
+def _owned_parameters(module, owner):
+    """The full names of the parameters `owner` (a submodule path or a parameter name) stands
+    for; None when it is neither."""
+    try:
+        sub = module.get_submodule(owner)
+        prefix = owner + "." if owner else ""
+        return [prefix + n for n, _ in sub.named_parameters()]
+    except AttributeError:
+        pass
+    try:
+        module.get_parameter(owner)
+        return [owner]
+    except AttributeError:
+        return None
+
+
+def _warn_unowned(module, stages):
+    owned = set()
+    for _, _, owners in stages:
+        for owner in owners:
+            owned.update(_owned_parameters(module, owner) or [])
+    missing = [n for n, _ in module.named_parameters() if n not in owned]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8
+                                          else "")
+        warnings.warn(f"capsule.Model: parameters owned by no stage: {shown}. Layerwise replay, "
+                      f"its gradient checks and extracts do not see them; name them among a "
+                      f"stage's owners, (name, fn, ['conv_proj', 'class_token']), or build the "
+                      f"stages with capsule.torchvision_stages", stacklevel=3)
 
 
 def sequential_stages(seq, loss_fn, prefix=""):
@@ -185,6 +240,41 @@ def decoder_stages(module, loss_fn, embed="embed", blocks="blocks", norm="ln_f",
     return stages
 
 
+def _cross_entropy(logits, batch):
+    return torch.nn.functional.cross_entropy(logits, batch["labels"])
+
+
+def torchvision_stages(model, loss_fn=_cross_entropy):
+    """Stages for torchvision's ``ResNet`` (resnet18 ... resnet152) and ``VisionTransformer``
+    (vit_b_16 ...), as their forward() runs, then ``"loss"`` computing ``loss_fn(logits, batch)``
+    (default: cross-entropy against ``batch["labels"]``). Every parameter has a stage: a ViT's
+    class token and position embedding belong to ``"embed"`` with the patch projection. ResNet:
+    ``conv1``, ``bn1``, ``relu``, ``maxpool``, ``layer1`` .. ``layer4``, ``avgpool``,
+    ``flatten``, ``fc``; ViT: ``embed``, ``encoder.layers.encoder_layer_0`` .., ``encoder.ln``,
+    ``heads`` (on the class token's output)."""
+    import torchvision
+    call = lambda path: (path, lambda m, x, b: m.get_submodule(path)(x))
+    loss = ("loss", lambda m, x, b: loss_fn(x, b))
+    if isinstance(model, torchvision.models.ResNet):
+        stages = [call(p) for p in ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2",
+                                    "layer3", "layer4", "avgpool")]
+        stages += [("flatten", lambda m, x, b: torch.flatten(x, 1)), call("fc"), loss]
+        return stages
+    if isinstance(model, torchvision.models.VisionTransformer):
+        def embed(m, x, b):
+            x = m._process_input(x)
+            x = torch.cat([m.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+            return m.encoder.dropout(x + m.encoder.pos_embedding)
+        stages = [("embed", embed, ["conv_proj", "class_token", "encoder.pos_embedding"])]
+        stages += [call(f"encoder.layers.{name}") for name, _ in
+                   model.encoder.layers.named_children()]
+        stages += [call("encoder.ln"), ("heads", lambda m, x, b: m.heads(x[:, 0]), ["heads"]),
+                   loss]
+        return stages
+    raise TypeError(f"torchvision_stages: a torchvision ResNet or VisionTransformer is needed, "
+                    f"not {type(model).__name__}; write the stages by hand (capsule.Model)")
+
+
 def check_stages(module, stages, batch, forward, rtol=1e-6):
     """Refuses stages that do not compute what the module's own forward computes.
 
@@ -194,8 +284,8 @@ def check_stages(module, stages, batch, forward, rtol=1e-6):
     model. Returns the loss the stages computed."""
     x = batch["inputs"] if batch.get("inputs") is not None else batch["input_ids"]
     with torch.no_grad():
-        for _, fn in stages:
-            x = fn(module, x, batch)
+        for stage in stages:
+            x = stage[1](module, x, batch)
         expected = forward(module, batch)
     got, want = float(x), float(expected)
     if not abs(got - want) <= rtol * max(abs(got), abs(want), 1e-30):
@@ -218,6 +308,11 @@ class Step:
 
     def __enter__(self):
         step, batch, cursor, raw_text, sample_ids, tokens_seen = self._args
+        model = self._monitor._model
+        if model is not None and "training" not in batch:
+            # Train or eval decides dropout and BatchNorm's batch statistics: the re-run and the
+            # replay run the stages in the mode the trainer's module was in.
+            batch = dict(batch, training=model.module.training)
         self._monitor._m.begin_step(step, batch, cursor, raw_text, sample_ids, tokens_seen)
         return self
 

@@ -61,6 +61,17 @@ StatusOr<std::vector<NamedTensor>> ParameterTensors(const v1::Capsule& c) {
   return params;
 }
 
+Status LoadCapsuleBuffers(const v1::Capsule& c, Model& model) {
+  std::vector<NamedTensor> buffers;
+  for (const auto& t : c.tensors()) {
+    if (t.role() != v1::BUFFER) continue;
+    CAPSULE_ASSIGN_OR_RETURN(at::Tensor b, TensorFromBlob(t));
+    buffers.emplace_back(t.name(), b);
+  }
+  if (buffers.empty()) return Status::Ok();
+  return model.LoadBuffers(buffers).WithContext("cannot load the capsule's buffers");
+}
+
 Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>* warnings) {
   const std::string recorded = c.environment().torch_version();
   if (!recorded.empty() && recorded != TorchVersion()) {

@@ -11,6 +11,7 @@
 #include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/model/layer_sequence.h"
+#include "capsule/model/model.h"
 
 namespace capsule::v1 {
 class TensorBlob;
@@ -38,6 +39,10 @@ Status RequireInputIds(const v1::Capsule& c, const LayerBatch& batch);
 
 // The PARAMETER tensors the capsule embeds, by name, in capsule order.
 StatusOr<std::vector<NamedTensor>> ParameterTensors(const v1::Capsule& c);
+
+// The embedded model buffers (role BUFFER: BatchNorm's running statistics), loaded into `model`
+// (Model::LoadBuffers); OK when there are none.
+Status LoadCapsuleBuffers(const v1::Capsule& c, Model& model);
 
 // Refuses (kFailedPrecondition) a capsule recorded with another torch version unless `force`, in
 // which case the mismatch is appended to `warnings`; then sets the captured intra-op thread count

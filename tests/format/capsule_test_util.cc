@@ -200,6 +200,7 @@ v1::Capsule MakeFullCapsule() {
   }
   data->set_labels_shifted(true);
   data->set_micro_batches(2);
+  data->set_eval_mode(true);
   v1::DataCursor* cursor = data->mutable_cursor();
   cursor->set_epoch(2);
   cursor->set_shard(3);

@@ -1,0 +1,50 @@
+"""torchvision models as a trainer outside this project would hook them: resnet18 (BatchNorm,
+in-place ReLU, float image inputs) and a small VisionTransformer (a class token and a position
+embedding no submodule owns), with the stages capsule.torchvision_stages gives. `factory` is what
+`python3 -m capsule replay FILE --model vision_models:factory` calls.
+
+With config["observe"], the model is watched through module hooks (capsule.Model.observe)
+instead. Faults, by config["fault"]: "layer3-grad" doubles the gradient flowing back out of layer3 on the
+optimized path only (its forward is exact), so only a backward comparison can see it."""
+import torch
+import torchvision
+
+import capsule
+
+
+class _DoubleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+
+
+def make(config):
+    torch.manual_seed(config.get("seed", 0))
+    if config["arch"] == "resnet18":
+        return torchvision.models.resnet18(num_classes=10)
+    return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2,
+                                                num_heads=2, hidden_dim=32, mlp_dim=64,
+                                                num_classes=10)
+
+
+def model_of(net, config):
+    if config.get("observe"):
+        # Watched through module hooks, not described as stages.
+        return capsule.Model.observe(
+            config["arch"], net,
+            lambda m, b: torch.nn.functional.cross_entropy(m(b["inputs"]), b["labels"]),
+            config=config)
+    stages = capsule.torchvision_stages(net)
+    optimized = list(stages)
+    if config.get("fault") == "layer3-grad":
+        i = [s[0] for s in stages].index("layer3")
+        optimized[i] = ("layer3", lambda m, x, b: _DoubleGrad.apply(m.layer3(x)))
+    return capsule.Model(config["arch"], net, optimized, config=config, reference_stages=stages)
+
+
+def factory(config):
+    return model_of(make(config), config)
