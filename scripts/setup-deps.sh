@@ -19,6 +19,7 @@ packages=(
   clang-format                               # scripts/ci-format.sh (clang-format 14)
   go-md2man                                  # the man page capsule(1) from cli/capsule.md
   python3-torch python3-numpy                # PyTorch 1.13 (CPU, the same release as libtorch-dev), NumPy
+  python3-torchvision                        # resnet18 and ViT for the Python tests on outside models
   pybind11-dev python3-pytest                # C++ bindings for Python, and pytest
   python3-pip python3-setuptools             # pip install --no-build-isolation ./python
   libgloo-dev                                # Gloo: CPU collectives for multi-process runs
