@@ -93,6 +93,17 @@ LayerBatch BatchFromDict(const py::dict& d) {
   return b;
 }
 
+// `module.<method>()` ("named_parameters", "named_buffers") as (name, tensor) pairs.
+std::vector<NamedTensor> NamedTensorsOf(const py::object& module, const char* method) {
+  py::gil_scoped_acquire gil;
+  std::vector<NamedTensor> out;
+  for (const py::handle& item : module.attr(method)()) {
+    py::tuple t = item.cast<py::tuple>();
+    out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+  }
+  return out;
+}
+
 // One execution path of a Python model: named stages over a module. A stage named after a
 // submodule ("blocks.3") owns that submodule's parameters, named by their full module path.
 class PyLayerSequence : public LayerSequence {
@@ -222,25 +233,13 @@ class PyModel : public Model {
   }
 
   std::vector<NamedTensor> NamedParameters() const override {
-    py::gil_scoped_acquire gil;
-    std::vector<NamedTensor> out;
-    for (const py::handle& item : optimized_.module().attr("named_parameters")()) {
-      py::tuple t = item.cast<py::tuple>();
-      out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
-    }
-    return out;
+    return NamedTensorsOf(optimized_.module(), "named_parameters");
   }
 
   // The module's buffers (BatchNorm's running statistics), as the engine saves, embeds and loads
   // them; the reference copy follows them through `sync`.
   std::vector<NamedTensor> NamedBuffers() const override {
-    py::gil_scoped_acquire gil;
-    std::vector<NamedTensor> out;
-    for (const py::handle& item : optimized_.module().attr("named_buffers")()) {
-      py::tuple t = item.cast<py::tuple>();
-      out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
-    }
-    return out;
+    return NamedTensorsOf(optimized_.module(), "named_buffers");
   }
 
   // The config is asked for at capture time: it may hold runtime state (the step, a fault).

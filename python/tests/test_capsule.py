@@ -203,7 +203,10 @@ def test_a_python_and_a_cpp_capsule_of_the_same_kind_compare_with_diff(tmp_path,
     assert not any(" - " in l and l.startswith("layers") for l in rows), "a layer on one side only"
 
 
-def test_readme_python_snippet_runs(tmp_path, keys):
+def run_readme_python_snippet(tmp_path, keys, forward=None):
+    """Runs the README's Python loop over three batches of a small model; returns its globals
+    (`monitor` among them) and the model. `forward(net, batch, batches)` replaces the plain
+    forward pass."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Python"):]
     snippet = re.search(r"```python\n(.*?)\n```", section, re.S).group(1)
@@ -213,40 +216,32 @@ def test_readme_python_snippet_runs(tmp_path, keys):
     for _ in range(3):
         x, y, _ = loader.next()
         batches.append({"input_ids": x, "labels": y})
+    plain = lambda b: run_step(net, b["input_ids"], b["labels"])
     env = {"capsule": capsule, "net": net, "stages": ptg.stages(net), "batches": batches,
            "optimizer": optimizer, "capsule_dir": str(tmp_path / "readme"),
            "key": str(keys[0]), "grad_norm": ptg.grad_norm,
-           "forward": lambda b: run_step(net, b["input_ids"], b["labels"])}
+           "forward": (lambda b: forward(net, b, batches)) if forward else plain}
     exec(compile(snippet, "README.md (Python)", "exec"), env)
+    return env, net
+
+
+def test_readme_python_snippet_runs(tmp_path, keys):
+    env, _ = run_readme_python_snippet(tmp_path, keys)
     assert env["monitor"].capsules_written == 0
 
 
 def test_readme_python_snippet_never_steps_on_a_nan_gradient(tmp_path, keys):
     # The loss is finite at every step; one step's gradient is NaN (a hook poisons it). The
     # snippet's guard must keep that step's update out of the weights.
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Python"):]
-    snippet = re.search(r"```python\n(.*?)\n```", section, re.S).group(1)
-    net, _, loader = small_setup(tmp_path, keys)
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    batches = []
-    for _ in range(3):
-        x, y, _ = loader.next()
-        batches.append({"input_ids": x, "labels": y})
-    poisoned = next(net.parameters())
-
-    def forward(b):
+    def forward(net, b, batches):
         loss = run_step(net, b["input_ids"], b["labels"])
         if b is batches[1]:
             handle = []
-            handle.append(poisoned.register_hook(
+            handle.append(next(net.parameters()).register_hook(
                 lambda g: (handle[0].remove(), torch.full_like(g, float("nan")))[1]))
         return loss
 
-    env = {"capsule": capsule, "net": net, "stages": ptg.stages(net), "batches": batches,
-           "optimizer": optimizer, "capsule_dir": str(tmp_path / "readme"),
-           "key": str(keys[0]), "grad_norm": ptg.grad_norm, "forward": forward}
-    exec(compile(snippet, "README.md (Python)", "exec"), env)
+    env, net = run_readme_python_snippet(tmp_path, keys, forward)
     assert env["monitor"].capsules_written == 1  # the NaN gradient's capsule
     assert all(torch.isfinite(p).all() for p in net.parameters()), "stepped on a NaN gradient"
 
