@@ -4,22 +4,28 @@
 // replay's verdict and errors, and the refusals must say what is wrong without naming a flag.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <torch/optim/adam.h>
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "capsule/base/sha256.h"
 #include "capsule/capture/monitor.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
 #include "capsule/format/redact.h"
 #include "capsule/format/signing.h"
+#include "capsule/format/validate.h"
 #include "capsule/probe/checkpoint.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/proto/capsule.pb.h"
@@ -807,6 +813,120 @@ TEST(CheckpointTest, ReadsPythonStateDictsAndTorchArchives) {
   std::fputs("not a checkpoint", f);
   std::fclose(f);
   EXPECT_EQ(LoadCheckpoint(dir.path() + "/text.pt").status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- what a capsule's content can make replay, gate and stress do -------------------------------
+
+struct CommandResult {
+  int status = -1;
+  std::string output;  // standard output and error
+};
+
+// `capsule ARGS` through the shell, standard error with standard output (or dropped). CAPSULE_BIN
+// from the environment when set (to run these checks against another build), else this build's.
+CommandResult RunCli(const std::string& args, bool with_stderr = true) {
+  const char* env = std::getenv("CAPSULE_BIN");
+  const std::string bin = env != nullptr && *env != '\0' ? env : CAPSULE_BIN;
+  CommandResult r;
+  FILE* p = ::popen((bin + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// `s` in single quotes for the shell (a file name with a line break in it included).
+std::string Quoted(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+void WriteUnsigned(const std::string& path, const v1::Capsule& c) {
+  const Status s = WriteCapsuleFile(path, c, WriteOptions());
+  ASSERT_TRUE(s.ok()) << path << ": " << s;
+}
+
+TEST_F(ReplayCapsuleTest, ALibraryThatEndsTheProcessIsAnErrorNotAFinding) {
+  // The model's factory calls exit(1), as OpenMP does when it cannot start its threads: replay
+  // and gate judged nothing, and say so with exit status 2.
+  v1::Capsule c = RecordOne({}, 2, /*capture_at=*/1);
+  c.mutable_model()->set_registry_name("exits_on_build");
+  TempDir dir;
+  WriteUnsigned(dir.path() + "/exits.capsule", c);
+  const std::string plugin = std::string(" --plugin ") + CAPSULE_EXITING_PLUGIN_PATH;
+  for (const std::string& command :
+       {"replay " + Quoted(dir.path() + "/exits.capsule"), "gate " + Quoted(dir.path())}) {
+    const CommandResult r = RunCli(command + plugin + " --allow-unsigned");
+    EXPECT_EQ(r.status, 2) << command << ":\n" << r.output;
+    EXPECT_NE(r.output.find("capsule: a library ended the process before the command finished"),
+              std::string::npos)
+        << command << ":\n"
+        << r.output;
+  }
+}
+
+// The CPUs this process may run on, as sched_getaffinity says.
+int AffinityCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+TEST_F(ReplayCapsuleTest, ThreadsBeyondTheUsableCpusAreNotStartedAndTheReportSaysSo) {
+  v1::Capsule c = RecordOne({}, 2, /*capture_at=*/1);
+  c.mutable_environment()->set_intra_op_threads(kMaxThreads);
+  c.mutable_numerics()->set_intra_op_threads(kMaxThreads);
+  ASSERT_TRUE(ValidateCapsule(c).ok());  // the largest count a capsule may hold
+  auto r = Replay(c);
+  at::set_num_threads(1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const int usable = std::min(AffinityCpus(), kMaxThreads);
+  EXPECT_EQ(r->intra_op_threads(), usable);
+  ASSERT_GE(r->warnings_size(), 1);
+  EXPECT_NE(r->warnings(0).find("recorded with 1024 intra-op threads; this process may use " +
+                                std::to_string(usable) + " CPUs and replays with " +
+                                std::to_string(usable) + " threads"),
+            std::string::npos)
+      << r->warnings(0);
+}
+
+TEST_F(ReplayCapsuleTest, WeightsThatAreNotTheRecordedOnesAreRefusedBeforeTheModelIsBuilt) {
+  v1::Capsule c = RecordOne({}, 2, /*capture_at=*/1);
+  // One weight changed (its blob digest kept consistent, so the capsule is valid), and a config
+  // that asks for a model larger than the one recorded.
+  for (v1::TensorBlob& t : *c.mutable_tensors()) {
+    if (t.role() != v1::PARAMETER) continue;
+    (*t.mutable_data())[0] ^= 0x01;
+    t.set_sha256(Sha256Hex(t.data()));
+    break;
+  }
+  tiny_gpt::TinyGptConfig bigger;
+  bigger.n_layers = 8;
+  bigger.d_model = 256;
+  c.mutable_model()->set_config_json(bigger.ToJson());
+  ASSERT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+  ModelRegistry tiny;
+  tiny_gpt::RegisterTinyGpt(tiny);
+  int built = 0;
+  ModelRegistry counting;
+  ASSERT_TRUE(counting
+                  .Register("tiny_gpt",
+                            [&](const ModelSpecInfo& spec) {
+                              ++built;
+                              return tiny.Create(spec);
+                            })
+                  .ok());
+  auto r = ReplayCapsule(c, counting, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("weights from the capsule have model sha256"),
+            std::string::npos)
+      << r.status();
+  EXPECT_EQ(built, 0) << "the model was built before its weights were checked";
 }
 
 }  // namespace
