@@ -850,6 +850,101 @@ void WriteUnsigned(const std::string& path, const v1::Capsule& c) {
   ASSERT_TRUE(s.ok()) << path << ": " << s;
 }
 
+// Every injected string starts its would-be line with "FORGED": no line of `r` may.
+void ExpectNoForgedLine(const std::string& what, const CommandResult& r) {
+  std::istringstream lines(r.output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    EXPECT_NE(line.rfind("FORGED", 0), 0u)
+        << what << ": a capsule's text made a line of its own: " << line << "\n"
+        << r.output;
+  }
+}
+
+void ExpectShown(const std::string& what, const CommandResult& r, const std::string& escaped) {
+  EXPECT_NE(r.output.find(escaped), std::string::npos)
+      << what << ": " << escaped << " is not shown escaped:\n"
+      << r.output;
+}
+
+TEST_F(ReplayCapsuleTest, LineBreaksInACapsulesTextOrFileNameNeverForgeALine) {
+  const v1::Capsule c = RecordOne({FaultKind::kNan, "blocks.1", 2}, 3);
+  ASSERT_EQ(c.numerics().first_anomalous_layer(), "blocks.1");
+  TempDir dir;
+  const std::string plugin = std::string(" --plugin ") + CAPSULE_TINY_GPT_PLUGIN_PATH;
+  // A: its layer names, trigger message and file name carry a line break each.
+  const std::string layer = "blocks.1\nFORGED layer";
+  v1::Capsule a = c;
+  for (auto& l : *a.mutable_numerics()->mutable_layers()) {
+    if (l.name() == "blocks.1") l.set_name(layer);
+  }
+  a.mutable_numerics()->set_first_anomalous_layer(layer);
+  for (std::string& name : *a.mutable_model()->mutable_layers()) {
+    if (name == "blocks.1") name = layer;
+  }
+  a.mutable_trigger()->set_message("loss is nan\nFORGED trigger");
+  const std::string a_path = dir.path() + "/a\nFORGED file.capsule";
+  WriteUnsigned(a_path, a);
+  // B: its torch version (quoted by the version check, and by its warning under --force).
+  v1::Capsule b = c;
+  b.mutable_environment()->set_torch_version(c.environment().torch_version() + "\nFORGED torch");
+  const std::string b_path = dir.path() + "/b.capsule";
+  WriteUnsigned(b_path, b);
+  // C: its model's registry name (quoted by the "not registered" error).
+  v1::Capsule m = c;
+  m.mutable_model()->set_registry_name("tiny_gpt\nFORGED model");
+  WriteUnsigned(dir.path() + "/c.capsule", m);
+
+  CommandResult r = RunCli("gate " + Quoted(dir.path()) + plugin + " --allow-unsigned");
+  EXPECT_EQ(r.status, 2) << r.output;  // B and C cannot be judged
+  ExpectNoForgedLine("gate", r);
+  ExpectShown("gate", r, "a\\nFORGED file.capsule");
+  ExpectShown("gate", r, "blocks.1\\nFORGED layer");
+  ExpectShown("gate", r, "\\nFORGED torch");
+  ExpectShown("gate", r, "tiny_gpt\\nFORGED model");
+  EXPECT_NE(r.output.find("\ngate: 0 of 3 capsules no longer fail; 1 still fail, 2 could not be "
+                          "judged\n"),
+            std::string::npos)
+      << r.output;
+
+  r = RunCli("replay " + Quoted(a_path) + plugin + " --allow-unsigned");
+  EXPECT_EQ(r.status, 1) << r.output;  // NUMERICS at blocks.1
+  ExpectNoForgedLine("replay", r);
+  ExpectShown("replay", r, "replay: capsule replay " + dir.path() + "/a\\nFORGED file.capsule");
+
+  r = RunCli("replay " + Quoted(b_path) + plugin + " --allow-unsigned --force");
+  EXPECT_EQ(r.status, 1) << r.output;
+  ExpectNoForgedLine("replay --force", r);
+  ExpectShown("replay --force", r, "warning: capsule was recorded with torch ");
+  ExpectShown("replay --force", r, "\\nFORGED torch");
+
+  r = RunCli("replay " + Quoted(dir.path() + "/c.capsule") + plugin + " --allow-unsigned");
+  EXPECT_EQ(r.status, 2) << r.output;
+  ExpectNoForgedLine("replay of an unknown model", r);
+  ExpectShown("replay of an unknown model", r, "tiny_gpt\\nFORGED model");
+
+  // The report path: replay --json, then the Markdown report that includes it.
+  const std::string json = dir.path() + "/replay.json";
+  r = RunCli("replay " + Quoted(a_path) + plugin + " --allow-unsigned --json",
+             /*with_stderr=*/false);
+  EXPECT_EQ(r.status, 1) << r.output;
+  {
+    std::ofstream out(json);
+    out << r.output;
+  }
+  r = RunCli("report " + Quoted(a_path) + " --allow-unsigned --replay-json " + Quoted(json));
+  EXPECT_EQ(r.status, 0) << r.output;
+  ExpectNoForgedLine("report --replay-json", r);
+  EXPECT_NE(r.output.find("FORGED layer"), std::string::npos) << r.output;
+
+  r = RunCli("stress " + Quoted(b_path) + " --layer blocks.0" + plugin +
+             " --allow-unsigned --force");
+  EXPECT_TRUE(r.status == 0 || r.status == 1) << r.output;
+  ExpectNoForgedLine("stress", r);
+  ExpectShown("stress", r, "note: capsule was recorded with torch ");
+  ExpectShown("stress", r, "\\nFORGED torch");
+}
+
 TEST_F(ReplayCapsuleTest, ALibraryThatEndsTheProcessIsAnErrorNotAFinding) {
   // The model's factory calls exit(1), as OpenMP does when it cannot start its threads: replay
   // and gate judged nothing, and say so with exit status 2.
