@@ -27,13 +27,35 @@ belong inside a stage: that is what makes the layerwise replay and bisect exact.
 path is, by default, a float64 copy of the module on CPU running the same stages; pass
 ``reference=`` to use your own (a plain kernel in place of a fused one).
 """
-import copy
-import json
 import os
+import sys
 
-import torch
 
-from capsule import _capsule
+def _without_current_dir(path):
+    """``path`` less the entries that stand for the current directory (``""``, ``"."``, its
+    absolute path): ``python3 -m capsule`` puts the current directory first on ``sys.path``, where
+    a stray ``json.py`` would be imported in place of the standard library's."""
+    try:
+        here = os.getcwd()
+    except OSError:  # a current directory that was removed stands for nothing
+        return [p for p in path if p not in ("", ".")]
+    return [p for p in path if p not in ("", ".") and os.path.abspath(p) != here]
+
+
+# The package's own imports never come from the current directory, however it was started (a
+# trainer's own modules still may: sys.path is put back after them).
+_path = list(sys.path)
+sys.path[:] = _without_current_dir(sys.path)
+try:
+    import copy
+    import json
+
+    import torch
+
+    from capsule import _capsule
+finally:
+    sys.path[:] = _path + [p for p in sys.path if p not in _path]
+    del _path
 
 __all__ = ["Model", "Monitor", "Step", "check_stages", "decoder_stages", "sequential_stages",
            "main"]
@@ -42,7 +64,7 @@ __all__ = ["Model", "Monitor", "Step", "check_stages", "decoder_stages", "sequen
 class Model:
     """A Python model as capsule sees it: named stages over a module, on two paths.
 
-    ``name`` is the name replay looks the model up by (``python3 -m capsule replay FILE --model
+    ``name`` is the name replay looks the model up by (``python3 -P -m capsule replay FILE --model
     pkg.mod:factory`` registers ``factory`` under it); ``config`` is a JSON-serialisable dict, or a
     function returning one at capture time (for runtime state such as the step), stored in the
     capsule and handed back to the factory.
@@ -315,11 +337,12 @@ def _as_bytes(state):
 
 
 def main(argv=None):
-    """``python3 -m capsule SUBCOMMAND ...``: the capsule command line, in this process. For
+    """``python3 -P -m capsule SUBCOMMAND ...``: the capsule command line, in this process. For
     ``replay`` and ``extract``, ``--model pkg.module:factory`` names the function that rebuilds the
-    model from its config dict (it returns a ``capsule.Model``)."""
+    model from its config dict (it returns a ``capsule.Model``); the module is looked up on
+    ``sys.path`` as ``python3 -m capsule`` leaves it: PYTHONPATH and installed packages, never the
+    current directory."""
     import importlib
-    import sys
     args = list(sys.argv[1:] if argv is None else argv)
     factory = None
     if "--model" in args:

@@ -134,6 +134,29 @@ def test_an_exception_in_the_step_becomes_a_capsule_and_training_goes_on(tmp_pat
     assert s.exception is None and not s.report["triggered"]
 
 
+def test_python_m_capsule_runs_no_module_from_the_current_directory(tmp_path):
+    # A json.py or copy.py (the package imports both) in the folder a capsule was downloaded to must
+    # not run. With -P, as the docs spell the command, neither may modules Python's own -m
+    # machinery imports (importlib) nor a capsule/ package there.
+    marker = tmp_path / "ran"
+
+    def poison(path, name):
+        path.write_text(f"open({str(marker)!r}, 'a').write('{name} ')\nraise SystemExit(97)\n")
+
+    for name in ("json", "copy"):
+        poison(tmp_path / f"{name}.py", name)
+    for flags in ([], ["-P"]):
+        if flags:
+            poison(tmp_path / "importlib.py", "importlib")
+            (tmp_path / "capsule").mkdir()
+            poison(tmp_path / "capsule" / "__init__.py", "capsule")
+        r = subprocess.run([sys.executable] + flags + ["-m", "capsule", "verify", "missing.capsule"],
+                           cwd=tmp_path, capture_output=True, text=True)
+        assert not marker.exists(), f"{flags}: ran {marker.read_text()}from the current directory"
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "missing.capsule" in r.stderr, r.stderr
+
+
 def test_a_capture_leaves_parameters_gradients_and_rngs_untouched(tmp_path, keys):
     net, monitor, loader = small_setup(tmp_path, keys)
     monitor.register_python_rngs()
