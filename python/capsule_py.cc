@@ -18,6 +18,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,6 +58,72 @@ at::Tensor TensorOr(const py::dict& d, const char* key) {
   return d[key].cast<at::Tensor>();
 }
 
+// A KeyboardInterrupt (Ctrl-C), SystemExit or any other BaseException that is not an Exception,
+// raised in Python code the engine calls back (a stage, a model's parameters or config, an RNG's
+// save or restore, the log sink, replay's model factory), is the trainer's to handle: the engine
+// turns a callback's error into a failed capture or replay and goes on, and that must not swallow
+// it. CallPython keeps the first one here and hands the engine a C++ error instead; every entry
+// point that ran the engine raises it again once the engine has returned and restored what it
+// guards (RaiseIfInterrupted).
+class Interrupt {
+ public:
+  // GIL held. Keeps `e` unless it is an Exception; true when it is kept (or one already was).
+  static bool Keep(const py::error_already_set& e) {
+    if (e.matches(PyExc_Exception)) return false;
+    std::lock_guard<std::mutex> lock(mu());
+    if (!kept()) kept().emplace(e);
+    return true;
+  }
+
+  static bool Pending() {
+    std::lock_guard<std::mutex> lock(mu());
+    return kept().has_value();
+  }
+
+  // GIL held: raises the kept exception in Python (pybind11 restores a thrown
+  // error_already_set), and forgets it.
+  static void RaiseIfInterrupted() {
+    std::optional<py::error_already_set> e;
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      e.swap(kept());
+    }
+    if (e) throw py::error_already_set(*e);
+  }
+
+ private:
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::optional<py::error_already_set>& kept() {
+    static auto* k = new std::optional<py::error_already_set>();  // never destroyed: no GIL then
+    return *k;
+  }
+};
+
+enum class AfterInterrupt {
+  kRefuse,  // model code: once interrupted, the engine's further calls fail at once
+  kRun,     // state restores and logging: they still run, so the trainer is left as it was
+};
+
+// Calls `f` (Python; GIL held) for the engine, named `what` in its errors. A Python Exception
+// propagates as py::error_already_set, as any other; a BaseException that is not one is kept for
+// the entry point to raise (Interrupt), and the engine gets a std::runtime_error.
+template <typename F>
+auto CallPython(const std::string& what, AfterInterrupt after, F&& f) -> decltype(f()) {
+  if (after == AfterInterrupt::kRefuse && Interrupt::Pending()) {
+    throw std::runtime_error(what + ": interrupted");
+  }
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    if (!Interrupt::Keep(e)) throw;
+    throw std::runtime_error(what + ": interrupted (" +
+                             py::str(e.type().attr("__name__")).cast<std::string>() + ")");
+  }
+}
+
 LayerBatch BatchFromDict(const py::dict& d) {
   LayerBatch b;
   b.input_ids = TensorOr(d, "input_ids");
@@ -89,36 +157,42 @@ class PyLayerSequence : public LayerSequence {
 
   TensorList Forward(size_t i, const TensorList& inputs, const LayerBatch& batch) override {
     py::gil_scoped_acquire gil;
+    const std::string what = "stage " + names_.at(i);
     try {
-      py::object x = inputs.size() == 1 ? py::cast(inputs[0]) : py::cast(inputs);
-      py::object out = fns_.at(i)(module_, x, BatchDict(batch));
-      if (py::isinstance<py::list>(out) || py::isinstance<py::tuple>(out)) {
-        return out.cast<TensorList>();
-      }
-      return {out.cast<at::Tensor>()};
+      return CallPython(what, AfterInterrupt::kRefuse, [&]() -> TensorList {
+        py::object x = inputs.size() == 1 ? py::cast(inputs[0]) : py::cast(inputs);
+        py::object out = fns_.at(i)(module_, x, BatchDict(batch));
+        if (py::isinstance<py::list>(out) || py::isinstance<py::tuple>(out)) {
+          return out.cast<TensorList>();
+        }
+        return {out.cast<at::Tensor>()};
+      });
     } catch (py::error_already_set& e) {
       // A Python exception in a stage is the model's error, as a c10::Error is in C++: callers
       // at the library boundary (Monitor, replayer) report it and carry on.
-      throw std::runtime_error("stage " + names_.at(i) + ": " + e.what());
+      throw std::runtime_error(what + ": " + e.what());
     }
   }
 
   std::vector<NamedTensor> LayerParameters(size_t i) const override {
     py::gil_scoped_acquire gil;
-    std::vector<NamedTensor> out;
     const std::string& owner = owners_.at(i);
-    py::object sub;
-    try {
-      sub = module_.attr("get_submodule")(owner);
-    } catch (py::error_already_set&) {
-      return out;  // a stage without a submodule ("loss") owns no parameters
-    }
-    const std::string prefix = owner.empty() ? "" : owner + ".";
-    for (const py::handle& item : sub.attr("named_parameters")()) {
-      py::tuple t = item.cast<py::tuple>();
-      out.emplace_back(prefix + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
-    }
-    return out;
+    return CallPython("the parameters of " + owner, AfterInterrupt::kRefuse, [&] {
+      std::vector<NamedTensor> out;
+      py::object sub;
+      try {
+        sub = module_.attr("get_submodule")(owner);
+      } catch (py::error_already_set& e) {
+        if (!e.matches(PyExc_Exception)) throw;  // an interrupt is not "no submodule"
+        return out;  // a stage without a submodule ("loss") owns no parameters
+      }
+      const std::string prefix = owner.empty() ? "" : owner + ".";
+      for (const py::handle& item : sub.attr("named_parameters")()) {
+        py::tuple t = item.cast<py::tuple>();
+        out.emplace_back(prefix + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+      }
+      return out;
+    });
   }
 
   const py::object& module() const { return module_; }
@@ -127,12 +201,14 @@ class PyLayerSequence : public LayerSequence {
   std::vector<ObservedTensor> TakeObserved() override {
     if (observed_.is_none()) return {};
     py::gil_scoped_acquire gil;
-    std::vector<ObservedTensor> out;
-    for (const py::handle& item : observed_()) {
-      py::tuple t = item.cast<py::tuple>();
-      out.push_back({t[0].cast<std::string>(), t[1].cast<bool>(), t[2].cast<at::Tensor>()});
-    }
-    return out;
+    return CallPython("the observed tensors", AfterInterrupt::kRefuse, [&] {
+      std::vector<ObservedTensor> out;
+      for (const py::handle& item : observed_()) {
+        py::tuple t = item.cast<py::tuple>();
+        out.push_back({t[0].cast<std::string>(), t[1].cast<bool>(), t[2].cast<at::Tensor>()});
+      }
+      return out;
+    });
   }
 
  private:
@@ -163,7 +239,7 @@ class PyModel : public Model {
     if (kind == PathKind::kReference) {
       if (!sync_.is_none()) {
         py::gil_scoped_acquire gil;
-        sync_();
+        CallPython("the reference copy's sync", AfterInterrupt::kRefuse, [&] { sync_(); });
       }
       return reference_;
     }
@@ -172,18 +248,22 @@ class PyModel : public Model {
 
   std::vector<NamedTensor> NamedParameters() const override {
     py::gil_scoped_acquire gil;
-    std::vector<NamedTensor> out;
-    for (const py::handle& item : optimized_.module().attr("named_parameters")()) {
-      py::tuple t = item.cast<py::tuple>();
-      out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
-    }
-    return out;
+    return CallPython("the model's parameters", AfterInterrupt::kRefuse, [&] {
+      std::vector<NamedTensor> out;
+      for (const py::handle& item : optimized_.module().attr("named_parameters")()) {
+        py::tuple t = item.cast<py::tuple>();
+        out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+      }
+      return out;
+    });
   }
 
   // The config is asked for at capture time: it may hold runtime state (the step, a fault).
   ModelSpecInfo Spec() const override {
     py::gil_scoped_acquire gil;
-    return {name_, config_json_().cast<std::string>()};
+    return CallPython("the model's config", AfterInterrupt::kRefuse, [&]() -> ModelSpecInfo {
+      return {name_, config_json_().cast<std::string>()};
+    });
   }
 
  private:
@@ -287,7 +367,7 @@ MonitorOptions OptionsFrom(const py::kwargs& kw) {
          py::function f = v.cast<py::function>();
          o.log_sink = [f](const std::string& line) {
            py::gil_scoped_acquire gil;
-           f(line);
+           CallPython("the log sink", AfterInterrupt::kRun, [&] { f(line); });
          };
        }},
   };
@@ -305,6 +385,7 @@ MonitorOptions OptionsFrom(const py::kwargs& kw) {
 
 using capsule::DataCursor;
 using capsule::IdentityInfo;
+using capsule::InternalError;
 using capsule::InvalidArgumentError;
 using capsule::LayerSequence;
 using capsule::Model;
@@ -318,7 +399,10 @@ using capsule::Status;
 using capsule::StatusOr;
 using capsule::StepBatch;
 using capsule::StepScalars;
+using capsule::python::AfterInterrupt;
 using capsule::python::BatchFromDict;
+using capsule::python::CallPython;
+using capsule::python::Interrupt;
 using capsule::python::OptionsFrom;
 using capsule::python::PyModel;
 using capsule::python::PyMonitor;
@@ -340,22 +424,25 @@ PYBIND11_MODULE(_capsule, m) {
            [](PyMonitor& self, std::shared_ptr<PyModel> model) {
              self.model = std::move(model);
              self.monitor.AttachModel(self.model.get(), PathKind::kOptimized);
+             Interrupt::RaiseIfInterrupted();
            })
       .def(
           "register_rng",
           [](PyMonitor& self, const std::string& name, py::function save, uint64_t seed,
              py::object restore) {
-            auto saver = [save]() {
+            auto saver = [save, name]() {
               py::gil_scoped_acquire gil;
-              return save().cast<std::string>();
+              return CallPython("RNG " + name + "'s save", AfterInterrupt::kRun,
+                                [&] { return save().cast<std::string>(); });
             };
             if (restore.is_none()) {
               self.monitor.RegisterRng(name, saver, seed);
               return;
             }
-            self.monitor.RegisterRng(name, saver, seed, [restore](const std::string& state) {
+            self.monitor.RegisterRng(name, saver, seed, [restore, name](const std::string& state) {
               py::gil_scoped_acquire gil;
-              restore(py::bytes(state));
+              CallPython("RNG " + name + "'s restore", AfterInterrupt::kRun,
+                         [&] { restore(py::bytes(state)); });
             });
           },
           py::arg("name"), py::arg("save"), py::arg("seed") = 0, py::arg("restore") = py::none())
@@ -379,6 +466,7 @@ PYBIND11_MODULE(_capsule, m) {
              info.config_text = config_text;
              info.code_revision = code_revision;
              Status s = self.monitor.SetIdentity(info);
+             Interrupt::RaiseIfInterrupted();  // the model hash reads its parameters
              return s.ok() ? std::string() : s.message();
            })
       .def("begin_step",
@@ -400,8 +488,11 @@ PYBIND11_MODULE(_capsule, m) {
              b.raw_text = raw_text;
              b.sample_ids = sample_ids;
              b.tokens_seen = tokens_seen;
-             py::gil_scoped_release no_gil;  // the engine takes the GIL when it calls Python
-             self.monitor.BeginStep(step, c, b);
+             {
+               py::gil_scoped_release no_gil;  // the engine takes the GIL when it calls Python
+               self.monitor.BeginStep(step, c, b);
+             }
+             Interrupt::RaiseIfInterrupted();
            })
       .def("end_step",
            [](PyMonitor& self, std::optional<double> loss, std::optional<double> grad_norm,
@@ -418,6 +509,7 @@ PYBIND11_MODULE(_capsule, m) {
                py::gil_scoped_release no_gil;
                r = self.monitor.EndStep(s);
              }
+             Interrupt::RaiseIfInterrupted();
              return ReportDict(r);
            })
       .def("capture_now",
@@ -427,6 +519,7 @@ PYBIND11_MODULE(_capsule, m) {
                py::gil_scoped_release no_gil;
                r = self.monitor.CaptureNow(reason);
              }
+             Interrupt::RaiseIfInterrupted();
              return ReportDict(r);
            })
       .def("capture_exception",
@@ -438,12 +531,16 @@ PYBIND11_MODULE(_capsule, m) {
                py::gil_scoped_release no_gil;
                r = self.monitor.RunStep([&what] { throw std::runtime_error(what); });
              }
+             Interrupt::RaiseIfInterrupted();
              return ReportDict(r);
            })
       .def("wait_for_writes",
            [](PyMonitor& self) {
-             py::gil_scoped_release no_gil;  // the writer thread may log through Python
-             self.monitor.WaitForWrites();
+             {
+               py::gil_scoped_release no_gil;  // the writer thread may log through Python
+               self.monitor.WaitForWrites();
+             }
+             Interrupt::RaiseIfInterrupted();
            })
       .def_property_readonly("capsules_written",
                              [](const PyMonitor& self) { return self.monitor.capsules_written(); })
@@ -498,6 +595,9 @@ PYBIND11_MODULE(_capsule, m) {
                   h->keep = made;
                   return std::unique_ptr<Model>(std::move(h));
                 } catch (py::error_already_set& e) {
+                  // An interrupt ends the replay as an error (exit status 2), and is raised
+                  // again when the command line returns.
+                  if (Interrupt::Keep(e)) return InternalError("model factory: interrupted");
                   return InvalidArgumentError(std::string("model factory: ") + e.what());
                 }
               });
@@ -513,6 +613,7 @@ PYBIND11_MODULE(_capsule, m) {
           rc = capsule::cli::Main(static_cast<int>(argv_storage.size()), argv.data(), registry);
         }
         std::fflush(stdout);
+        Interrupt::RaiseIfInterrupted();
         return rc;
       },
       py::arg("args"), py::arg("model_name") = "", py::arg("factory") = py::none());
