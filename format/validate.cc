@@ -553,6 +553,10 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
       const v1::TensorDigest& t = ref.tensors(i);
       const std::string at = where + ".tensors[" + std::to_string(i) + "]";
       if (t.name().empty() || t.dtype().empty()) return Invalid(at, "name and dtype must be set");
+      if (CanonicalDTypeName(t.dtype()).empty()) {
+        return Invalid(at, "dtype " + PrintableShort(t.dtype(), 32) +
+                               " is not a dtype name (float32, bfloat16, int64, ...)");
+      }
       if (i > 0 && t.name() <= ref.tensors(i - 1).name()) {
         return Invalid(at, "names must be sorted and unique");
       }

@@ -66,7 +66,11 @@ StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c
   CAPSULE_ASSIGN_OR_RETURN(std::vector<TensorDigestInfo> got, TensorDigests(ckpt->tensors));
   std::vector<TensorDigestInfo> recorded;
   for (const v1::TensorDigest& t : ref.tensors()) {
-    recorded.push_back({t.name(), t.dtype(), {t.shape().begin(), t.shape().end()}, t.sha256()});
+    // One spelling for both sides: older capsules hold LibTorch's name ("Float").
+    recorded.push_back({t.name(),
+                        CanonicalDTypeName(t.dtype()),
+                        {t.shape().begin(), t.shape().end()},
+                        t.sha256()});
   }
   const std::string differs = FirstDigestDifference(recorded, got);
   if (!differs.empty()) {

@@ -57,6 +57,25 @@ TEST(ValidateTest, DTypeSizesAndNames) {
   EXPECT_EQ(DTypeName(999), "unknown(999)");
 }
 
+TEST(ValidateTest, DTypeNamesHaveOneSpellingAndLibTorchsIsReadAsIt) {
+  EXPECT_EQ(CanonicalDTypeName("float32"), "float32");
+  EXPECT_EQ(CanonicalDTypeName("Float"), "float32");
+  EXPECT_EQ(CanonicalDTypeName("Double"), "float64");
+  EXPECT_EQ(CanonicalDTypeName("BFloat16"), "bfloat16");
+  EXPECT_EQ(CanonicalDTypeName("Half"), "float16");
+  EXPECT_EQ(CanonicalDTypeName("Long"), "int64");
+  EXPECT_EQ(CanonicalDTypeName("Byte"), "uint8");
+  EXPECT_EQ(CanonicalDTypeName("Char"), "int8");
+  EXPECT_EQ(CanonicalDTypeName("Bool"), "bool");
+  for (int d = v1::FLOAT64; d <= v1::BOOL; ++d) {
+    EXPECT_EQ(CanonicalDTypeName(DTypeName(d)), DTypeName(d));
+  }
+  EXPECT_EQ(CanonicalDTypeName("float"), "");
+  EXPECT_EQ(CanonicalDTypeName("ComplexFloat"), "");
+  EXPECT_EQ(CanonicalDTypeName("unspecified"), "");
+  EXPECT_EQ(CanonicalDTypeName(""), "");
+}
+
 struct Rule {
   const char* name;
   std::function<void(v1::Capsule*)> breaks;
@@ -461,6 +480,12 @@ const Rule kRules[] = {
                                            "}");
      },
      "model.config_json: nests objects and arrays more than 32 deep"},
+    {"WeightsReferenceDtypeUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_model()->mutable_weights_reference()->mutable_tensors(0)->set_dtype("float");
+     },
+     "model.weights_reference.tensors[0]: dtype float is not a dtype name (float32, bfloat16, "
+     "int64, ...)"},
     {"DistributedRunIdEmpty", [](v1::Capsule* c) { c->mutable_distributed()->clear_run_id(); },
      "distributed.run_id: must be 1 to 128 printable ASCII characters"},
     {"DistributedRunIdWithEscape",
@@ -595,6 +620,16 @@ TEST(ValidateTest, EdgeValuesThatAreValid) {
   s->set_neg_inf_count(0);
   s->set_zero_count(0);
   s->set_first_nonfinite_index(-1);
+  EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+}
+
+TEST(ValidateTest, ATensorDigestMaySpellItsDtypeAsLibTorchDid) {
+  // The writer spells "float32"; capsule 0.1.0 wrote LibTorch's "Float", and those files stay
+  // readable.
+  v1::Capsule c = MakeFullCapsule();
+  ASSERT_EQ(c.model().weights_reference().tensors(0).dtype(), "float32");
+  EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+  c.mutable_model()->mutable_weights_reference()->mutable_tensors(0)->set_dtype("Float");
   EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
 }
 

@@ -757,6 +757,43 @@ TEST_F(ReplayCapsuleTest, LargeModelCapsuleNamesItsCheckpointAndReplaysFromIt) {
 
 // The checkpoints a user has: a state dict saved by Python's torch.save, and a
 // torch::serialize::OutputArchive with a nested archive, both read by name.
+TEST_F(ReplayCapsuleTest, CheckpointDigestsSpellDtypesAsTheCapsuleDoesAndOldSpellingsReplay) {
+  TempDir dir;
+  tiny_gpt::TinyGptConfig config;
+  config.n_layers = kBlocks;
+  config.fault = {FaultKind::kNan, "ln_f", 0};
+  const std::string checkpoint = dir.path() + "/model.pt";
+  {
+    std::unique_ptr<tiny_gpt::TinyGpt> init = std::move(*tiny_gpt::TinyGpt::Create(config));
+    ASSERT_TRUE(SaveCheckpoint(checkpoint, init->NamedParameters()).ok());
+  }
+  const LargeRun run =
+      RecordLarge(dir.path() + "/ref", checkpoint, config, WeightPolicy::kAnomalousLayer);
+  ASSERT_EQ(run.capsules.size(), 1u);
+  v1::Capsule named = run.capsules[0];
+  ASSERT_TRUE(named.model().has_weights_reference());
+  for (const v1::TensorDigest& t : named.model().weights_reference().tensors()) {
+    EXPECT_EQ(t.dtype(), "float32") << t.name();  // as TensorMeta and the collective ring say it
+  }
+  auto now = Replay(named);
+  ASSERT_TRUE(now.ok()) << now.status();
+  // A capsule written by capsule 0.1.0 holds LibTorch's spelling: it still names these tensors.
+  for (v1::TensorDigest& t :
+       *named.mutable_model()->mutable_weights_reference()->mutable_tensors()) {
+    t.set_dtype("Float");
+  }
+  ASSERT_TRUE(ValidateCapsule(named).ok()) << ValidateCapsule(named);
+  auto old = Replay(named);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->diagnosis(), now->diagnosis());
+  EXPECT_EQ(old->first_divergent_layer(), now->first_divergent_layer());
+  // Another type than the checkpoint's is still a difference.
+  named.mutable_model()->mutable_weights_reference()->mutable_tensors(0)->set_dtype("float64");
+  auto other = Replay(named);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("is float32["), std::string::npos) << other.status();
+}
+
 TEST(CheckpointTest, ReadsPythonStateDictsAndTorchArchives) {
   TempDir dir;
   const std::string py = dir.path() + "/py.pt";
