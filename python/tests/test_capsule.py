@@ -40,7 +40,7 @@ def train(tmp_path, keys, *args):
 
 
 def replay(cap, keys, *args):
-    r = subprocess.run([sys.executable, "-m", "capsule", "replay", str(cap), "--model",
+    r = subprocess.run([sys.executable, "-P", "-m", "capsule", "replay", str(cap), "--model",
                         "py_tiny_gpt:factory", "--pubkey", str(keys[1]), "--json"] + list(args),
                        capture_output=True, text=True)
     assert r.stdout, r.stderr
