@@ -17,7 +17,8 @@
 //
 // The CLI also routes all of its standard output and error through the same function
 // (cli/printable_stream.h), so a message that forgets to call it still cannot reach the terminal
-// raw.
+// raw; that filter keeps line breaks, so a line made of several pieces, any of them from a
+// capsule, is written through PrintableLine (base/printable_line.h).
 //
 // Thread safety: pure functions; thread-safe.
 #ifndef CAPSULE_BASE_PRINTABLE_H_

@@ -1,5 +1,9 @@
 #include "capsule/cli/cli.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
 #include <iostream>
 
 #include "capsule/cli/commands.h"
@@ -89,10 +93,35 @@ int RunCommandLine(int argc, char** argv, ModelRegistry* registry) {
   return run();
 }
 
+// Set while a command runs. Exit status 1 says "a finding"; a library that ends the process
+// itself in the middle of a command (OpenMP calls exit(1) when it cannot start the threads it
+// was asked for) must not be read as one, so such an exit becomes exit status 2 with a reason.
+std::atomic<bool> g_command_running{false};
+
+void ExitDuringCommand() {
+  if (!g_command_running.load()) return;
+  static const char kMessage[] =
+      "capsule: a library ended the process before the command finished (see the message above, "
+      "if any); nothing was judged\n";
+  std::cerr.flush();
+  (void)!::write(2, kMessage, sizeof kMessage - 1);
+  ::_exit(kExitError);
+}
+
+// Runs the command with ExitDuringCommand armed.
+int GuardedCommandLine(int argc, char** argv, ModelRegistry* registry) {
+  static const bool registered = std::atexit(ExitDuringCommand) == 0;
+  (void)registered;
+  g_command_running = true;
+  const int rc = RunCommandLine(argc, argv, registry);
+  g_command_running = false;
+  return rc;
+}
+
 int MainImpl(int argc, char** argv, ModelRegistry* registry, const Invocation& invocation) {
   SetInvocation(invocation);
   PrintableStreams streams;
-  const int rc = RunCommandLine(argc, argv, registry);
+  const int rc = GuardedCommandLine(argc, argv, registry);
   // A report sent to a full disk or a closed pipe is not a success, whatever the command did.
   const Status written = streams.Finish();
   if (!written.ok()) {

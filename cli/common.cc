@@ -52,7 +52,7 @@ std::string RerunRemedy(const Status& status, const RerunFacts& f) {
       if (!CurrentInvocation().model_args.empty() || CurrentInvocation().program != "capsule") {
         return "name the function that rebuilds it with --model pkg.module:factory";
       }
-      return "it was written from Python: replay it with python3 -m capsule and --model "
+      return "it was written from Python: replay it with python3 -P -m capsule and --model "
              "pkg.module:factory";
     case StatusCode::kFailedPrecondition:
       // In the order replay checks them: environment, weights, then the batch.

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
@@ -89,16 +90,18 @@ int RunGateCommand(const GateCliOptions& o, ModelRegistry& registry) {
     (void)google::protobuf::util::MessageToJsonString(gate, &json, jo);
     std::cout << json;
   } else {
-    std::cout << Pad("capsule", 44) << Pad("result", 8) << Pad("recorded", 30) << "now\n";
+    // File names, verdicts and errors quote the capsules: each row is one PrintableLine.
+    PrintableLine(std::cout) << Pad("capsule", 44) << Pad("result", 8) << Pad("recorded", 30)
+                             << "now";
     for (const v1::GateEntry& e : gate.entries()) {
       const std::string result = !e.error().empty() ? "ERROR" : e.passed() ? "pass" : "FAIL";
-      std::cout << Pad(e.capsule(), 44) << Pad(result, 8) << Pad(e.old_verdict(), 30)
-                << (!e.error().empty() ? e.error() : e.new_verdict())
-                << (e.reason().empty() ? "" : ": " + e.reason()) << "\n";
+      PrintableLine(std::cout) << Pad(e.capsule(), 44) << Pad(result, 8) << Pad(e.old_verdict(), 30)
+                               << (!e.error().empty() ? e.error() : e.new_verdict())
+                               << (e.reason().empty() ? "" : ": " + e.reason());
     }
-    std::cout << "gate: " << gate.passed() << " of " << gate.entries_size()
-              << " capsules no longer fail; " << gate.failed() << " still fail, " << gate.errors()
-              << " could not be judged\n";
+    PrintableLine(std::cout) << "gate: " << gate.passed() << " of " << gate.entries_size()
+                             << " capsules no longer fail; " << gate.failed() << " still fail, "
+                             << gate.errors() << " could not be judged";
   }
   if (gate.errors() > 0) return kExitError;
   return gate.failed() > 0 ? kExitFinding : kExitOk;

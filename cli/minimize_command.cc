@@ -6,9 +6,11 @@
 #include <memory>
 
 #include "capsule/base/printable.h"
+#include "capsule/base/printable_line.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
+#include "capsule/cli/printable_stream.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/signing.h"
@@ -47,14 +49,9 @@ int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
   if (!loaded) return rc;
   MinimizeOptions options;
   options.max_replays = o.max_replays;
-  const bool tty = ::isatty(2);
-  if (tty) {
-    options.progress = [](const std::string& line) {
-      std::cerr << "\r\033[K[minimize] " << line << std::flush;
-    };
-  }
+  options.progress = ProgressLine("minimize");  // null unless standard error is a terminal
   auto result = MinimizeCapsule(*loaded->decoded.capsule, registry, options);
-  if (tty) std::cerr << "\r\033[K" << std::flush;
+  if (options.progress) ClearProgressLine();
   if (!result.ok()) {
     PrintError(result.status(),
                RerunRemedy(result.status(), RerunFactsOf(*loaded->decoded.capsule, registry)));
@@ -72,8 +69,9 @@ int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
             << " sequences, " << result->length_before << " -> " << result->length_after
             << " positions, " << loaded->bytes.size() << " -> " << bytes->size() << " bytes, in "
             << result->replays << " replays (at most " << o.max_replays << ")\n";
-  std::cout << "verdict kept: " << result->verdict << "\n";
-  for (const std::string& n : result->needs) std::cout << "needs: " << n << "\n";
+  // The verdict and what the failure needs name the capsule's layers.
+  PrintableLine(std::cout) << "verdict kept: " << result->verdict;
+  for (const std::string& n : result->needs) PrintableLine(std::cout) << "needs: " << n;
   std::cout << "wrote " << Printable(o.out) << "\n";
   return kExitOk;
 }

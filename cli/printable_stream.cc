@@ -1,5 +1,7 @@
 #include "capsule/cli/printable_stream.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -51,6 +53,22 @@ bool PrintableStreamBuf::Finish() {
   return !failed_;
 }
 
+namespace {
+
+// Standard error before the filter, while PrintableStreams is installed: where ProgressLine
+// writes its control sequences.
+std::streambuf* g_raw_err = nullptr;
+
+void WriteProgress(const std::string& text) {
+  std::cerr.flush();  // what the filter holds goes first
+  const std::string line = "\r\033[K" + text;
+  std::streambuf* sink = g_raw_err != nullptr ? g_raw_err : std::cerr.rdbuf();
+  sink->sputn(line.data(), static_cast<std::streamsize>(line.size()));
+  sink->pubsync();
+}
+
+}  // namespace
+
 PrintableStreams::PrintableStreams()
     : old_out_(std::cout.rdbuf()),
       old_err_(std::cerr.rdbuf()),
@@ -58,13 +76,25 @@ PrintableStreams::PrintableStreams()
       err_(std::make_unique<PrintableStreamBuf>(old_err_)) {
   std::cout.rdbuf(out_.get());
   std::cerr.rdbuf(err_.get());
+  g_raw_err = old_err_;
 }
 
 PrintableStreams::~PrintableStreams() {
   // Whatever is still held goes out; a write error now has no one left to report it to.
   (void)Finish();
+  g_raw_err = nullptr;
   std::cout.rdbuf(old_out_);
   std::cerr.rdbuf(old_err_);
+}
+
+std::function<void(const std::string&)> ProgressLine(const std::string& command) {
+  if (!::isatty(2)) return nullptr;
+  return
+      [command](const std::string& text) { WriteProgress("[" + command + "] " + Printable(text)); };
+}
+
+void ClearProgressLine() {
+  if (::isatty(2)) WriteProgress("");
 }
 
 Status PrintableStreams::Finish() {

@@ -3,12 +3,16 @@
 //
 // PrintableStreams swaps the stream buffers of std::cout and std::cerr for filters that pass
 // everything written through Printable(..., LineBreaks::kKeep) (base/printable.h) on its way out,
-// so no byte sequence from a capsule or a file name reaches the terminal raw, whichever code
-// printed it. Finish() flushes both and reports a failed write to standard output ("write error:
-// standard output: No space left on device"), which the command turns into exit status 2.
+// so no control sequence from a capsule or a file name reaches the terminal raw, whichever code
+// printed it. Line breaks pass: the filter sees bytes, and a break the command lays out looks
+// like one inside a field. What keeps a field on its line is how the line is written: through
+// PrintableLine (base/printable_line.h), or by a renderer that escapes each field (report/).
+// Finish() flushes both and reports a failed write to standard output ("write error: standard
+// output: No space left on device"), which the command turns into exit status 2.
 #ifndef CAPSULE_CLI_PRINTABLE_STREAM_H_
 #define CAPSULE_CLI_PRINTABLE_STREAM_H_
 
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <streambuf>
@@ -66,6 +70,13 @@ class PrintableStreams {
   std::unique_ptr<PrintableStreamBuf> out_;
   std::unique_ptr<PrintableStreamBuf> err_;
 };
+
+// A progress line on the terminal, redrawn in place: "\r\033[K[COMMAND] TEXT". Null when standard
+// error is not a terminal. The carriage return and the erase-line sequence reach the terminal as
+// they are, the one exception to the filter; TEXT, which may name the capsule's model or layers,
+// is escaped onto the line. ClearProgressLine() erases it.
+std::function<void(const std::string&)> ProgressLine(const std::string& command);
+void ClearProgressLine();
 
 }  // namespace capsule::cli
 

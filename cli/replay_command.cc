@@ -4,11 +4,13 @@
 #include <sstream>
 
 #include "capsule/base/file_util.h"
+#include "capsule/base/printable_line.h"
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
+#include "capsule/cli/printable_stream.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
@@ -19,39 +21,42 @@
 namespace capsule::cli {
 namespace {
 
+// Every line goes through PrintableLine: layer names, warnings, findings, file names and the
+// commands quote the capsule, its file name or the model.
 void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
-  out << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text() << "\n";
-  out << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail() << ")\n";
+  using Line = PrintableLine;
+  Line(out) << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text();
+  Line(out) << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail()
+            << ")";
   if (!r.extract_layer().empty()) {
     // An extract runs one layer: there is no loss to show.
-    out << "loss: none (the extract runs " << r.extract_layer() << " alone); "
-        << r.intra_op_threads() << " intra-op threads\n";
+    Line(out) << "loss: none (the extract runs " << r.extract_layer() << " alone); "
+              << r.intra_op_threads() << " intra-op threads";
   } else {
-    out << "loss: optimized " << FormatSignificant(r.optimized_loss(), 3) << ", reference "
-        << FormatSignificant(r.reference_loss(), 3)
-        << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; " << r.intra_op_threads()
-        << " intra-op threads\n";
+    Line(out) << "loss: optimized " << FormatSignificant(r.optimized_loss(), 3) << ", reference "
+              << FormatSignificant(r.reference_loss(), 3)
+              << (r.reference_anomalous() ? " (reference anomalous)" : "") << "; "
+              << r.intra_op_threads() << " intra-op threads";
   }
-  for (const auto& w : r.warnings()) out << "warning: " << w << "\n";
+  for (const auto& w : r.warnings()) Line(out) << "warning: " << w;
   // The triage stages in their order: which one explains, and each finding that failed or says
   // something (a pass of the data stage states its margin).
   for (const auto& s : r.stages()) {
-    out << "stage " << StageName(s.stage()) << ": "
-        << (!s.ran()       ? "skipped (" + s.skipped_reason() + ")"
-            : s.explains() ? std::string("FAILED")
-                           : std::string("passed"))
-        << "\n";
+    Line(out) << "stage " << StageName(s.stage()) << ": "
+              << (!s.ran()       ? "skipped (" + s.skipped_reason() + ")"
+                  : s.explains() ? std::string("FAILED")
+                                 : std::string("passed"));
     for (const auto& f : s.findings()) {
-      out << "  " << (f.failed() ? "FAIL " : "ok   ") << f.check() << ": " << f.detail() << "\n";
+      Line(out) << "  " << (f.failed() ? "FAIL " : "ok   ") << f.check() << ": " << f.detail();
     }
   }
   // Each row shows the bound applied to it (atol + rtol*|ref|, atol already scaled for gradients)
   // and the worst error as a multiple of it: above 1 fails. A relative error alone misleads on a
   // near-zero reference.
-  out << "\n"
-      << Pad("phase", 9) << Pad("layer", 12) << Pad("tensor", 26) << Pad("max abs err", 13)
-      << Pad("allowed: atol + rtol*|ref|", 28) << Pad("err/allowed", 13) << Pad("non-finite", 12)
-      << "verdict\n";
+  Line{out};
+  Line(out) << Pad("phase", 9) << Pad("layer", 12) << Pad("tensor", 26) << Pad("max abs err", 13)
+            << Pad("allowed: atol + rtol*|ref|", 28) << Pad("err/allowed", 13)
+            << Pad("non-finite", 12) << "verdict";
   for (const auto& l : r.layers()) {
     // The same spelling as the Markdown and HTML reports: the enum's name.
     std::string verdict = v1::Verdict_Name(l.verdict());
@@ -59,32 +64,35 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
         l.phase() == r.first_divergent_phase()) {
       verdict += "  <- first divergence";
     }
-    out << Pad(l.phase() == v1::FORWARD ? "forward" : "backward", 9) << Pad(l.name(), 12)
-        << Pad(l.tensor(), 26) << Pad(FormatSignificant(l.max_abs_err(), 3), 13)
-        << Pad(FormatSignificant(l.atol_applied(), 3) + " + " + FormatSignificant(l.rtol(), 3) +
-                   "*|ref|",
-               28)
-        << Pad(FormatSignificant(l.worst_ratio(), 3), 13)
-        << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict << "\n";
+    Line(out) << Pad(l.phase() == v1::FORWARD ? "forward" : "backward", 9) << Pad(l.name(), 12)
+              << Pad(l.tensor(), 26) << Pad(FormatSignificant(l.max_abs_err(), 3), 13)
+              << Pad(FormatSignificant(l.atol_applied(), 3) + " + " +
+                         FormatSignificant(l.rtol(), 3) + "*|ref|",
+                     28)
+              << Pad(FormatSignificant(l.worst_ratio(), 3), 13)
+              << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict;
   }
   for (const v1::BisectReport* b : {r.has_bisect() ? &r.bisect() : nullptr,
                                     r.has_backward_bisect() ? &r.backward_bisect() : nullptr}) {
     if (b == nullptr) continue;
     const bool backward = b->phase() == v1::BACKWARD;
-    out << "\n"
-        << (backward ? "backward bisect (" : "bisect (") << b->strategy() << "): first bad layer "
-        << (b->first_bad_layer().empty() ? "none" : b->first_bad_layer()) << " after "
-        << b->probes() << " composite runs of " << b->layers() << " layers (bound "
-        << b->probe_bound() << ")";
-    if (b->strategy() == "linear") out << (b->monotonic() ? "; monotonic" : "; NOT monotonic");
-    out << (backward ? "\n  (k=K: layers 0..K-1 forward and backward on the optimized path, "
-                       "the rest on the reference; parameter gradients compared)\n"
-                     : "\n  (k=K: layers 0..K-1 on the optimized path, the rest on the "
-                       "reference)\n");
+    Line{out};
+    Line(out) << (backward ? "backward bisect (" : "bisect (") << b->strategy()
+              << "): first bad layer "
+              << (b->first_bad_layer().empty() ? "none" : b->first_bad_layer()) << " after "
+              << b->probes() << " composite runs of " << b->layers() << " layers (bound "
+              << b->probe_bound() << ")"
+              << (b->strategy() != "linear" ? ""
+                  : b->monotonic()          ? "; monotonic"
+                                            : "; NOT monotonic");
+    Line(out) << (backward ? "  (k=K: layers 0..K-1 forward and backward on the optimized path, "
+                             "the rest on the reference; parameter gradients compared)"
+                           : "  (k=K: layers 0..K-1 on the optimized path, the rest on the "
+                             "reference)");
     for (const auto& p : b->probe_log()) {
-      out << "  k=" << Pad(std::to_string(p.k()), 4) << Pad(p.bad() ? "bad" : "good", 6)
-          << "max rel err " << Pad(FormatSignificant(p.max_rel_err(), 3), 10) << "non-finite "
-          << p.nonfinite_mismatch() << "\n";
+      Line(out) << "  k=" << Pad(std::to_string(p.k()), 4) << Pad(p.bad() ? "bad" : "good", 6)
+                << "max rel err " << Pad(FormatSignificant(p.max_rel_err(), 3), 10) << "non-finite "
+                << p.nonfinite_mismatch();
     }
   }
   if (r.has_features()) {
@@ -94,49 +102,57 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
       return s.empty() ? std::string("none") : s;
     };
-    out << "\nfeatures bisect over " << f.switches_size() << " switches (" << join(f.switches())
-        << "): ";
+    std::string outcome;
     switch (f.outcome()) {
       case v1::FeatureBisectReport::FOUND:
-        out << f.target_layer() << " ("
-            << (f.target_phase() == v1::BACKWARD ? "backward" : "forward") << ") diverges with "
-            << join(f.culprits()) << " on";
+        outcome = f.target_layer() + " (" +
+                  (f.target_phase() == v1::BACKWARD ? "backward" : "forward") + ") diverges with " +
+                  join(f.culprits()) + " on";
         break;
       case v1::FeatureBisectReport::NOT_IN_SWITCHES:
-        out << f.target_layer() << " diverges with every switch off: not in a switchable "
-            << "optimization";
+        outcome =
+            f.target_layer() + " diverges with every switch off: not in a switchable optimization";
         break;
       case v1::FeatureBisectReport::NO_TARGET:
-        out << "no divergent layer to hold";
+        outcome = "no divergent layer to hold";
         break;
       default:
-        out << "the model exposes no optimization switches";
+        outcome = "the model exposes no optimization switches";
         break;
     }
-    out << "; " << f.replays() << " replays (bound " << f.replay_bound() << ")\n";
+    Line{out};
+    Line(out) << "features bisect over " << f.switches_size() << " switches (" << join(f.switches())
+              << "): " << outcome << "; " << f.replays() << " replays (bound " << f.replay_bound()
+              << ")";
     for (const auto& p : f.probes()) {
-      out << "  on: " << Pad(join(p.enabled()), 40) << Pad(p.bad() ? "diverges" : "agrees", 10)
-          << "max rel err " << FormatSignificant(p.max_rel_err(), 3) << "\n";
+      Line(out) << "  on: " << Pad(join(p.enabled()), 40)
+                << Pad(p.bad() ? "diverges" : "agrees", 10) << "max rel err "
+                << FormatSignificant(p.max_rel_err(), 3);
     }
   }
   if (r.has_repeat()) {
     const v1::RepeatReport& rep = r.repeat();
-    out << "\nrepeat: " << rep.runs() << " replays, "
-        << (rep.bitwise_identical() ? "bitwise identical" : "NOT bitwise identical")
-        << "; reproduced in " << rep.reproduced_runs() << " of " << rep.runs();
-    if (rep.not_checked_runs() > 0) out << " (" << rep.not_checked_runs() << " not checked)";
-    out << "\n";
+    Line{out};
+    Line(out) << "repeat: " << rep.runs() << " replays, "
+              << (rep.bitwise_identical() ? "bitwise identical" : "NOT bitwise identical")
+              << "; reproduced in " << rep.reproduced_runs() << " of " << rep.runs()
+              << (rep.not_checked_runs() > 0
+                      ? " (" + std::to_string(rep.not_checked_runs()) + " not checked)"
+                      : "");
     for (int i = 0; i < rep.spreads_size() && i < 16; ++i) {
       const v1::MetricSpread& m = rep.spreads(i);
-      out << "  " << m.metric() << ": " << FormatSignificant(m.min(), 6) << " .. "
-          << FormatSignificant(m.max(), 6) << "\n";
+      Line(out) << "  " << m.metric() << ": " << FormatSignificant(m.min(), 6) << " .. "
+                << FormatSignificant(m.max(), 6);
     }
-    if (rep.spreads_size() > 16) out << "  ... " << rep.spreads_size() - 16 << " more\n";
+    if (rep.spreads_size() > 16) Line(out) << "  ... " << rep.spreads_size() - 16 << " more";
   }
-  if (!r.replay_command().empty()) out << "\nreplay: " << r.replay_command() << "\n";
+  if (!r.replay_command().empty()) {
+    Line{out};
+    Line(out) << "replay: " << r.replay_command();
+  }
   if (r.next_commands_size() > 0) {
-    out << "next: the first divergent layer alone (an extract replays just that layer):\n";
-    for (const auto& c : r.next_commands()) out << "  " << c << "\n";
+    Line(out) << "next: the first divergent layer alone (an extract replays just that layer):";
+    for (const auto& c : r.next_commands()) Line(out) << "  " << c;
   }
 }
 
@@ -225,24 +241,19 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
     std::string name;
     Tolerance tol;
     if (!ParseLayerTol(s, &name, &tol)) {
-      std::cerr << "capsule: --layer-tol " << s << " is not NAME=ATOL,RTOL\n";
+      PrintError(InvalidArgumentError("--layer-tol " + s + " is not NAME=ATOL,RTOL"));
       return kExitError;
     }
     options.compare.layer_tolerance[name] = tol;
   }
-  const bool tty = ::isatty(2);
-  if (tty) {
-    options.progress = [](const std::string& stage) {
-      std::cerr << "\r\033[K[replay] " << stage << std::flush;
-    };
-  }
+  options.progress = ProgressLine("replay");  // null unless standard error is a terminal
 
   int rc = kExitError;
   std::optional<LoadedCapsule> loaded = LoadPluginsAndCapsule(
       o.plugins, registry, o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
   if (!loaded) return rc;
   auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
-  if (tty) std::cerr << "\r\033[K" << std::flush;
+  if (options.progress) ClearProgressLine();
   if (!report.ok()) {
     RerunFacts facts = RerunFactsOf(*loaded->decoded.capsule, registry);
     facts.has_force = facts.has_weights = true;

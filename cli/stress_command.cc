@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
+#include "capsule/cli/printable_stream.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/stress.h"
@@ -44,14 +46,9 @@ int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
   options.force = o.force;
   options.forward = o.phase != "backward";
   options.backward = o.phase != "forward";
-  const bool tty = ::isatty(2);
-  if (tty) {
-    options.progress = [](const std::string& line) {
-      std::cerr << "\r\033[K[stress] " << line << std::flush;
-    };
-  }
+  options.progress = ProgressLine("stress");  // null unless standard error is a terminal
   auto report = StressLayer(*loaded->decoded.capsule, registry, options);
-  if (tty) std::cerr << "\r\033[K" << std::flush;
+  if (options.progress) ClearProgressLine();
   if (!report.ok()) {
     PrintError(report.status(),
                RerunRemedy(report.status(), RerunFactsOf(*loaded->decoded.capsule, registry)));
@@ -67,27 +64,31 @@ int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
     (void)google::protobuf::util::MessageToJsonString(*report, &json, jo);
     std::cout << json;
   } else {
+    // Layer and case names, notes and errors quote the capsule or the model: one PrintableLine
+    // per line.
+    using Line = PrintableLine;
     const v1::StressReport& r = *report;
-    std::cout << "stress " << r.layer() << ": " << r.cases() << " inputs"
-              << (r.tile() > 0 ? ", kernel tile " + std::to_string(r.tile()) : std::string())
-              << (r.declared() ? "" : " (the model declares nothing about them)") << "\n";
-    for (const std::string& n : r.notes()) std::cout << "note: " << n << "\n";
-    std::cout << "\n"
-              << Pad("case", 28) << Pad("family", 11) << Pad("shape", 14) << Pad("phase", 9)
-              << Pad("tensor", 26) << Pad("max abs err", 13) << Pad("max rel err", 13)
-              << Pad("bad elems", 11) << "verdict\n";
+    Line(std::cout) << "stress " << r.layer() << ": " << r.cases() << " inputs"
+                    << (r.tile() > 0 ? ", kernel tile " + std::to_string(r.tile()) : std::string())
+                    << (r.declared() ? "" : " (the model declares nothing about them)");
+    for (const std::string& n : r.notes()) Line(std::cout) << "note: " << n;
+    Line{std::cout};
+    Line(std::cout) << Pad("case", 28) << Pad("family", 11) << Pad("shape", 14) << Pad("phase", 9)
+                    << Pad("tensor", 26) << Pad("max abs err", 13) << Pad("max rel err", 13)
+                    << Pad("bad elems", 11) << "verdict";
     for (const v1::StressCase& c : r.results()) {
       std::string shape = "[";
       for (int i = 0; i < c.shape_size(); ++i) {
         shape += (i == 0 ? "" : ",") + std::to_string(c.shape(i));
       }
       shape += "]";
-      std::cout << Pad(c.name(), 28) << Pad(c.family(), 11) << Pad(shape, 14)
-                << Pad(c.phase() == v1::BACKWARD ? "backward" : "forward", 9) << Pad(c.tensor(), 26)
-                << Pad(FormatSignificant(c.max_abs_err(), 3), 13)
-                << Pad(FormatSignificant(c.max_rel_err(), 3), 13)
-                << Pad(std::to_string(c.mismatched()), 11) << (c.diverged() ? "DIVERGED" : "ok")
-                << (c.error().empty() ? "" : " (" + c.error() + ")") << "\n";
+      Line(std::cout) << Pad(c.name(), 28) << Pad(c.family(), 11) << Pad(shape, 14)
+                      << Pad(c.phase() == v1::BACKWARD ? "backward" : "forward", 9)
+                      << Pad(c.tensor(), 26) << Pad(FormatSignificant(c.max_abs_err(), 3), 13)
+                      << Pad(FormatSignificant(c.max_rel_err(), 3), 13)
+                      << Pad(std::to_string(c.mismatched()), 11)
+                      << (c.diverged() ? "DIVERGED" : "ok")
+                      << (c.error().empty() ? "" : " (" + c.error() + ")");
     }
     // Per family, which inputs diverge and which agree: the pattern is the finding ("T=17, T=31
     // diverge; T=16 agrees": a tail past the tile).
@@ -97,7 +98,7 @@ int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
         families.push_back(c.family());
       }
     }
-    std::cout << "\n";
+    Line{std::cout};
     for (const std::string& family : families) {
       std::vector<std::string> bad, good;
       for (const v1::StressCase& c : r.results()) {
@@ -112,11 +113,12 @@ int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
         for (const std::string& n : v) out += (out.empty() ? "" : ", ") + n;
         return out.empty() ? std::string("none") : out;
       };
-      std::cout << Pad(family + ":", 11) << "diverge: " << join(bad) << "; agree: " << join(good)
-                << "\n";
+      Line(std::cout) << Pad(family + ":", 11) << "diverge: " << join(bad)
+                      << "; agree: " << join(good);
     }
-    std::cout << "\nstress: " << r.diverged() << " of " << r.cases() << " inputs diverge in "
-              << r.layer() << "\n";
+    Line{std::cout};
+    Line(std::cout) << "stress: " << r.diverged() << " of " << r.cases() << " inputs diverge in "
+                    << r.layer();
   }
   return report->diverged() > 0 ? kExitFinding : kExitOk;
 }

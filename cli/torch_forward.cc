@@ -15,12 +15,25 @@ namespace {
 
 bool IsExecutable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
 
-std::string SelfPath() {
-  std::string path(4096, '\0');
-  const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size());
-  if (n <= 0 || static_cast<size_t>(n) >= path.size()) return "";
-  path.resize(static_cast<size_t>(n));
-  return path;
+// This executable's absolute path, from /proc/self/exe, however long; empty, with *err set,
+// when it cannot be read (no /proc).
+std::string SelfPath(int* err) {
+  // PATH_MAX is no bound on a path: grow the buffer until the link fits (a path is at most a
+  // few pages in practice; 1 MiB is far beyond any).
+  for (size_t size = 4096; size <= (size_t{1} << 20); size *= 4) {
+    std::string path(size, '\0');
+    const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size());
+    if (n < 0) {
+      *err = errno;
+      return "";
+    }
+    if (static_cast<size_t>(n) < path.size()) {
+      path.resize(static_cast<size_t>(n));
+      return path;
+    }
+  }
+  *err = ENAMETOOLONG;
+  return "";
 }
 
 }  // namespace
@@ -31,8 +44,10 @@ bool NeedsTorch(std::string_view command) {
 }
 
 std::string FindTorchCli(const std::string& self) {
-  const size_t slash = self.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
+  // Only beside an executable whose absolute path is known: a relative or empty one would make
+  // the search start in the current directory, which anyone may have filled.
+  if (self.empty() || self[0] != '/') return "";
+  const std::string dir = self.substr(0, self.rfind('/'));
   for (const std::string& candidate :
        {dir + "/capsule-torch", dir + "/" CAPSULE_LIBEXEC_RELATIVE "/capsule-torch"}) {
     if (IsExecutable(candidate)) return candidate;
@@ -42,14 +57,23 @@ std::string FindTorchCli(const std::string& self) {
 
 int ForwardToTorchCli(int argc, char** argv) {
   (void)argc;
-  const std::string self = SelfPath();
+  int self_err = 0;
+  const std::string self = SelfPath(&self_err);
+  if (self.empty()) {
+    PrintError(FailedPreconditionError(std::string("capsule ") + argv[1] +
+                                       " runs models in capsule-torch, which is looked for beside "
+                                       "this executable, whose path cannot be read from "
+                                       "/proc/self/exe (" +
+                                       std::strerror(self_err) + ")"),
+               "mount /proc, or run capsule-torch itself by its path");
+    return kExitError;
+  }
   const std::string torch_cli = FindTorchCli(self);
   if (torch_cli.empty()) {
     PrintError(NotFoundError(std::string("capsule ") + argv[1] +
                              " runs models and needs capsule-torch (the command line linked "
                              "with LibTorch), which is not beside " +
-                             (self.empty() ? std::string("this executable") : self) +
-                             " nor in its " CAPSULE_LIBEXEC_RELATIVE),
+                             self + " nor in its " CAPSULE_LIBEXEC_RELATIVE),
                "build or install capsule with LibTorch (CAPSULE_WITH_TORCH=ON)");
     return kExitError;
   }

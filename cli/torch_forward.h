@@ -14,12 +14,14 @@ namespace capsule::cli {
 // Whether `command` (argv[1]) needs LibTorch.
 bool NeedsTorch(std::string_view command);
 
-// Where capsule-torch is for the executable at `self`: beside it, or at the installed
-// libexec path relative to it. Empty when neither exists.
+// Where capsule-torch is for the executable at `self` (an absolute path): beside it, or at the
+// installed libexec path relative to it. Empty when neither exists, and for a `self` that is empty
+// or relative: the current directory is never searched.
 std::string FindTorchCli(const std::string& self);
 
 // Replaces this process with capsule-torch and the same arguments. Returns only on failure, with
-// exit status 2 and the reason printed.
+// exit status 2 and the reason printed (no /proc/self/exe to find this executable by, no
+// capsule-torch beside it).
 int ForwardToTorchCli(int argc, char** argv);
 
 }  // namespace capsule::cli

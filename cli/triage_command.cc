@@ -47,27 +47,21 @@ int RunTriageCommand(const TriageCliOptions& o) {
     return kExitError;
   }
   // Each capsule goes through the verifying reader alone: one it refuses is listed with the
-  // reason and never used, and the others are still read.
-  std::vector<LoadedCapsule> loaded;
-  std::vector<std::string> paths;
-  std::vector<UnreadableCapsule> unreadable;
+  // reason and never used, and the others are still read. Only what the analysis reads of each
+  // is kept, so the folder costs about one capsule of memory, not all of them.
+  RunTriageInput input;
   for (const auto& path : files) {
     auto c = ReadLoadedCapsule(path.string(), *read_options);
     if (!c.ok()) {
-      unreadable.push_back({path.string(), std::string(c.status().message())});
+      input.AddUnreadable(path.string(), std::string(c.status().message()));
       continue;
     }
-    loaded.push_back(std::move(*c));
-    paths.push_back(path.string());
-  }
-  std::vector<RunCapsule> capsules;
-  for (size_t i = 0; i < loaded.size(); ++i) {
-    capsules.push_back({paths[i], loaded[i].decoded.capsule.get()});
+    input.Add(path.string(), *c->decoded.capsule);
   }
   RunTriageOptions options;
   options.run_id = o.run_id;
   options.dir = o.dir;
-  const std::unique_ptr<v1::RunTriage> triage = TriageRun(capsules, unreadable, options);
+  const std::unique_ptr<v1::RunTriage> triage = TriageRun(input, options);
   std::cout << (o.json ? RenderRunTriageJson(*triage) : RenderRunTriageText(*triage));
   switch (triage->outcome()) {
     case v1::TRIAGE_NO_FINDING:

@@ -1,5 +1,7 @@
 #include "capsule/format/dtype.h"
 
+#include <utility>
+
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
@@ -52,6 +54,19 @@ std::string DTypeName(int dtype) {
     default:
       return "unknown(" + std::to_string(dtype) + ")";
   }
+}
+
+std::string CanonicalDTypeName(std::string_view name) {
+  // LibTorch's c10::toString of the ScalarType that each DType value stands for.
+  static constexpr std::pair<std::string_view, int> kTorchNames[] = {
+      {"Double", v1::FLOAT64}, {"Float", v1::FLOAT32}, {"BFloat16", v1::BFLOAT16},
+      {"Half", v1::FLOAT16},   {"Long", v1::INT64},    {"Int", v1::INT32},
+      {"Short", v1::INT16},    {"Char", v1::INT8},     {"Byte", v1::UINT8},
+      {"Bool", v1::BOOL}};
+  for (const auto& [torch_name, dtype] : kTorchNames) {
+    if (name == torch_name || name == DTypeName(dtype)) return DTypeName(dtype);
+  }
+  return "";
 }
 
 }  // namespace capsule

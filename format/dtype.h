@@ -5,12 +5,14 @@
 //
 //   int bytes = capsule::DTypeElementSize(meta.dtype());   // 4 for FLOAT32, 0 if unknown
 //   std::string name = capsule::DTypeName(meta.dtype());   // "float32"
+//   capsule::CanonicalDTypeName("Float");                  // "float32" (LibTorch's name)
 //
 // Thread safety: thread-safe (pure functions).
 #ifndef CAPSULE_FORMAT_DTYPE_H_
 #define CAPSULE_FORMAT_DTYPE_H_
 
 #include <string>
+#include <string_view>
 
 namespace capsule {
 
@@ -19,6 +21,12 @@ int DTypeElementSize(int dtype);
 // "float32", "bfloat16", ...; "unspecified" for 0, "unknown(99)" for a value capsule.proto does
 // not define.
 std::string DTypeName(int dtype);
+
+// The capsule's spelling of a dtype named in text (TensorDigest.dtype, Collective.dtype): the
+// DTypeName of the type, for that name itself ("float32") and for LibTorch's name of the same
+// type ("Float"), which capsules written by capsule 0.1.0 hold in TensorDigest.dtype. Empty for
+// any other name.
+std::string CanonicalDTypeName(std::string_view name);
 
 }  // namespace capsule
 

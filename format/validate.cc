@@ -2,8 +2,10 @@
 
 #include <google/protobuf/descriptor.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "capsule/base/printable.h"
@@ -205,6 +207,67 @@ constexpr int64_t kMinUnixMicros = int64_t{946684800} * 1000000;   // 2000-01-01
 constexpr int64_t kMaxUnixMicros = int64_t{7258118400} * 1000000;  // 2200-01-01T00:00:00Z
 bool IsSaneTime(int64_t micros) { return micros >= kMinUnixMicros && micros < kMaxUnixMicros; }
 constexpr const char kTimeRange[] = "between 2000-01-01 and 2200-01-01 (microseconds since 1970)";
+
+// How deeply the objects and arrays of JSON text nest, brackets inside strings not counted. It
+// reads no further than `limit` + 1 levels need: a deeper text is refused before anything parses
+// it.
+int JsonDepth(std::string_view json, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char ch = json[i];
+    if (in_string) {
+      if (ch == '\\') {
+        ++i;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '{' || ch == '[') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (ch == '}' || ch == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// What replay and triage size their work by (FORMAT.md §6.2): threads, ranks, the model config.
+Status ValidateBounds(const v1::Capsule& c) {
+  const std::pair<const char*, int> threads[] = {
+      {"environment.intra_op_threads", c.environment().intra_op_threads()},
+      {"environment.inter_op_threads", c.environment().inter_op_threads()},
+      {"numerics.intra_op_threads", c.numerics().intra_op_threads()}};
+  for (const auto& [where, n] : threads) {
+    if (n < 0 || n > kMaxThreads) {
+      return Invalid(
+          where, "must be in [0, " + std::to_string(kMaxThreads) + "], not " + std::to_string(n));
+    }
+  }
+  const v1::Placement& p = c.placement();
+  if (p.world_size() > kMaxWorldSize) {
+    return Invalid("placement.world_size", "must be at most " + std::to_string(kMaxWorldSize) +
+                                               ", not " + std::to_string(p.world_size()));
+  }
+  // World size 0 is "not known": the rank is then bounded by the largest world size.
+  const int bound = p.world_size() > 0 ? p.world_size() : kMaxWorldSize;
+  if (p.rank() < 0 || p.world_size() < 0 || p.rank() >= bound) {
+    return Invalid("placement", "rank must be in [0, world_size) (below " +
+                                    std::to_string(kMaxWorldSize) + " when world_size is 0)");
+  }
+  const std::string& config = c.model().config_json();
+  if (config.size() > kMaxModelConfigBytes) {
+    return Invalid("model.config_json", "is " + std::to_string(config.size()) + " bytes; at most " +
+                                            std::to_string(kMaxModelConfigBytes) + " are read");
+  }
+  if (JsonDepth(config, kMaxModelConfigDepth) > kMaxModelConfigDepth) {
+    return Invalid("model.config_json", "nests objects and arrays more than " +
+                                            std::to_string(kMaxModelConfigDepth) + " deep");
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -490,6 +553,10 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
       const v1::TensorDigest& t = ref.tensors(i);
       const std::string at = where + ".tensors[" + std::to_string(i) + "]";
       if (t.name().empty() || t.dtype().empty()) return Invalid(at, "name and dtype must be set");
+      if (CanonicalDTypeName(t.dtype()).empty()) {
+        return Invalid(at, "dtype " + PrintableShort(t.dtype(), 32) +
+                               " is not a dtype name (float32, bfloat16, int64, ...)");
+      }
       if (i > 0 && t.name() <= ref.tensors(i - 1).name()) {
         return Invalid(at, "names must be sorted and unique");
       }
@@ -568,10 +635,7 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
 
   CAPSULE_RETURN_IF_ERROR(ValidateObjectiveAndOptimizer(c, tensor_names));
 
-  const v1::Placement& p = c.placement();
-  if (p.rank() < 0 || p.world_size() < 0 || (p.world_size() > 0 && p.rank() >= p.world_size())) {
-    return Invalid("placement", "rank must be in [0, world_size)");
-  }
+  CAPSULE_RETURN_IF_ERROR(ValidateBounds(c));
   CAPSULE_RETURN_IF_ERROR(ValidateDistributed(c));
   for (const auto& [key, value] : c.annotations()) {
     if (key.empty()) return Invalid("annotations", "keys must not be empty");

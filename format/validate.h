@@ -12,6 +12,7 @@
 #ifndef CAPSULE_FORMAT_VALIDATE_H_
 #define CAPSULE_FORMAT_VALIDATE_H_
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,17 @@ struct ValidateOptions {
   // Not owned; see TensorDataViews. Null: every tensor's bytes are in the message.
   const TensorDataViews* tensor_data = nullptr;
 };
+
+// Bounds on what a capsule's content may ask of its readers (FORMAT.md §6.2). Each is far above
+// what a real run records; together they keep replay and triage within what the reading machine
+// can do, whatever the capsule claims.
+// environment.intra_op_threads, environment.inter_op_threads, numerics.intra_op_threads.
+inline constexpr int kMaxThreads = 1024;
+// placement.world_size (and so every rank a capsule names).
+inline constexpr int kMaxWorldSize = 1 << 20;
+// model.config_json: its bytes, and how deeply its objects and arrays nest.
+inline constexpr size_t kMaxModelConfigBytes = size_t{64} << 10;
+inline constexpr int kMaxModelConfigDepth = 32;
 
 // kInvalidArgument naming the first rule broken.
 Status ValidateCapsule(const v1::Capsule& capsule, const ValidateOptions& options = {});

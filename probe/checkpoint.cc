@@ -10,6 +10,9 @@
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
+#include "capsule/format/dtype.h"
+#include "capsule/probe/tensor_codec.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
 namespace {
@@ -111,7 +114,12 @@ StatusOr<std::vector<TensorDigestInfo>> TensorDigests(const std::vector<NamedTen
       const at::Tensor c = t.second.detach().to(at::kCPU).contiguous();
       TensorDigestInfo d;
       d.name = t.first;
-      d.dtype = std::string(c10::toString(c.scalar_type()));
+      d.dtype = DTypeName(DTypeFromScalarType(c.scalar_type()));
+      if (DTypeFromScalarType(c.scalar_type()) == v1::DTYPE_UNSPECIFIED) {
+        return InvalidArgumentError("tensor '" + t.first + "' has dtype " +
+                                    c10::toString(c.scalar_type()) +
+                                    ", which a capsule cannot name");
+      }
       d.shape.assign(c.sizes().begin(), c.sizes().end());
       d.sha256 = Sha256Hex(std::string_view(static_cast<const char*>(c.data_ptr()),
                                             static_cast<size_t>(c.numel()) * c.element_size()));

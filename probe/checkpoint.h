@@ -42,12 +42,13 @@ Status SaveCheckpoint(const std::string& path, const std::vector<NamedTensor>& t
 // One tensor as the canonical model hash sees it (probe/hashing.h).
 struct TensorDigestInfo {
   std::string name;
-  std::string dtype;  // LibTorch's name: "Float", "BFloat16", ...
+  std::string dtype;  // as capsule.v1.DType names it: "float32", "bfloat16", ... (format/dtype.h)
   std::vector<int64_t> shape;
   std::string sha256;  // of the contiguous little-endian bytes
 };
 
-// Every tensor's digest, sorted by name.
+// Every tensor's digest, sorted by name. kInvalidArgument for a tensor whose dtype capsule.v1.DType
+// does not name (a complex tensor).
 StatusOr<std::vector<TensorDigestInfo>> TensorDigests(const std::vector<NamedTensor>& tensors);
 
 // The first difference between two name-sorted digest lists, as a sentence naming the tensor

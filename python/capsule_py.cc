@@ -18,6 +18,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -81,6 +83,74 @@ at::Tensor TensorOr(const py::dict& d, const char* key) {
   return d[key].cast<at::Tensor>();
 }
 
+// A KeyboardInterrupt (Ctrl-C), SystemExit or any other BaseException that is not an Exception,
+// raised in Python code the engine calls back (a stage, a model's parameters or config, an RNG's
+// save or restore, the log sink, replay's model factory), is the trainer's to handle: the engine
+// turns a callback's error into a failed capture or replay and goes on, and that must not swallow
+// it. CallPython keeps the first one here and hands the engine a C++ error instead; every entry
+// point that ran the engine raises it again once the engine has returned and restored what it
+// guards (RaiseIfInterrupted).
+class Interrupt {
+ public:
+  // GIL held. Keeps `e` unless it is an Exception; true when it is kept (or one already was).
+  static bool Keep(const py::error_already_set& e) {
+    if (e.matches(PyExc_Exception)) return false;
+    std::lock_guard<std::mutex> lock(mu());
+    if (!kept()) kept().emplace(e);
+    return true;
+  }
+
+  static bool Pending() {
+    std::lock_guard<std::mutex> lock(mu());
+    return kept().has_value();
+  }
+
+  // GIL held: raises the kept exception in Python (pybind11 restores a thrown
+  // error_already_set), and forgets it.
+  static void RaiseIfInterrupted() {
+    std::optional<py::error_already_set> e;
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      e.swap(kept());
+    }
+    if (e) throw py::error_already_set(*e);
+  }
+
+ private:
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::optional<py::error_already_set>& kept() {
+    static auto* k = new std::optional<py::error_already_set>();  // never destroyed: no GIL then
+    return *k;
+  }
+};
+
+enum class AfterInterrupt {
+  kRefuse,  // model code: once interrupted, the engine's further calls fail at once
+  kRun,     // state restores and logging: they still run, so the trainer is left as it was
+};
+
+// Calls `f` (Python; GIL held) for the engine, named `what` in its errors. A Python Exception
+// propagates as py::error_already_set, as any other; a BaseException that is not one is kept for
+// the entry point to raise (Interrupt), and the engine gets the c10::Error a model's failure is
+// (LayerSequence::Forward's contract).
+template <typename F>
+auto CallPython(const std::string& what, AfterInterrupt after, F&& f) -> decltype(f()) {
+  if (after == AfterInterrupt::kRefuse && Interrupt::Pending()) {
+    throw c10::Error(what + ": interrupted", "");
+  }
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    if (!Interrupt::Keep(e)) throw;
+    throw c10::Error(
+        what + ": interrupted (" + py::str(e.type().attr("__name__")).cast<std::string>() + ")",
+        "");
+  }
+}
+
 LayerBatch BatchFromDict(const py::dict& d) {
   LayerBatch b;
   b.input_ids = TensorOr(d, "input_ids");
@@ -96,12 +166,14 @@ LayerBatch BatchFromDict(const py::dict& d) {
 // `module.<method>()` ("named_parameters", "named_buffers") as (name, tensor) pairs.
 std::vector<NamedTensor> NamedTensorsOf(const py::object& module, const char* method) {
   py::gil_scoped_acquire gil;
-  std::vector<NamedTensor> out;
-  for (const py::handle& item : module.attr(method)()) {
-    py::tuple t = item.cast<py::tuple>();
-    out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
-  }
-  return out;
+  return CallPython(std::string("the model's ") + method, AfterInterrupt::kRefuse, [&] {
+    std::vector<NamedTensor> out;
+    for (const py::handle& item : module.attr(method)()) {
+      py::tuple t = item.cast<py::tuple>();
+      out.emplace_back(t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+    }
+    return out;
+  });
 }
 
 // One execution path of a Python model: named stages over a module. A stage named after a
@@ -128,59 +200,66 @@ class PyLayerSequence : public LayerSequence {
 
   TensorList Forward(size_t i, const TensorList& inputs, const LayerBatch& batch) override {
     py::gil_scoped_acquire gil;
+    const std::string what = "stage " + names_.at(i);
     try {
-      // The stage runs in the batch's mode (train: dropout, BatchNorm's batch statistics; eval:
-      // its running statistics), and the module is left in the mode it was in.
-      const bool was_training = module_.attr("training").cast<bool>();
-      if (was_training != batch.training) module_.attr("train")(batch.training);
-      struct ModeBack {
-        py::object module;
-        bool mode, changed;
-        ~ModeBack() {
-          try {
-            if (changed) module.attr("train")(mode);
-          } catch (py::error_already_set&) {
-            // The stage's own error, if any, is the one to report.
+      return CallPython(what, AfterInterrupt::kRefuse, [&]() -> TensorList {
+        // The stage runs in the batch's mode (train: dropout, BatchNorm's batch statistics;
+        // eval: its running statistics), and the module is left in the mode it was in.
+        const bool was_training = module_.attr("training").cast<bool>();
+        if (was_training != batch.training) module_.attr("train")(batch.training);
+        struct ModeBack {
+          py::object module;
+          bool mode, changed;
+          ~ModeBack() {
+            try {
+              if (changed) module.attr("train")(mode);
+            } catch (py::error_already_set&) {
+              // The stage's own error, if any, is the one to report.
+            }
           }
+        } back{module_, was_training, was_training != batch.training};
+        py::object x = inputs.size() == 1 ? py::cast(inputs[0]) : py::cast(inputs);
+        py::object out = fns_.at(i)(module_, x, BatchDict(batch, dtype_));
+        if (py::isinstance<py::list>(out) || py::isinstance<py::tuple>(out)) {
+          return out.cast<TensorList>();
         }
-      } back{module_, was_training, was_training != batch.training};
-      py::object x = inputs.size() == 1 ? py::cast(inputs[0]) : py::cast(inputs);
-      py::object out = fns_.at(i)(module_, x, BatchDict(batch, dtype_));
-      if (py::isinstance<py::list>(out) || py::isinstance<py::tuple>(out)) {
-        return out.cast<TensorList>();
-      }
-      return {out.cast<at::Tensor>()};
+        return {out.cast<at::Tensor>()};
+      });
     } catch (py::error_already_set& e) {
       // A Python exception in a stage is the model's error: thrown as the c10::Error a C++
       // layer throws (LayerSequence::Forward's contract), which callers at the library boundary
       // (Monitor, replayer) report before carrying on.
-      throw c10::Error("stage " + names_.at(i) + " raised " + PythonError(e), "");
+      throw c10::Error(what + " raised " + PythonError(e), "");
     }
   }
 
   std::vector<NamedTensor> LayerParameters(size_t i) const override {
     py::gil_scoped_acquire gil;
-    std::vector<NamedTensor> out;
-    for (const std::string& owner : owners_.at(i)) {
-      py::object sub;
-      try {
-        sub = module_.attr("get_submodule")(owner);
-      } catch (py::error_already_set&) {
-        // Not a submodule: a parameter of its own ("class_token"), or nothing (a stage named
-        // "loss" owns no parameters).
+    return CallPython("the parameters of " + names_.at(i), AfterInterrupt::kRefuse, [&] {
+      std::vector<NamedTensor> out;
+      for (const std::string& owner : owners_.at(i)) {
+        py::object sub;
         try {
-          out.emplace_back(owner, module_.attr("get_parameter")(owner).cast<at::Tensor>());
-        } catch (py::error_already_set&) {
+          sub = module_.attr("get_submodule")(owner);
+        } catch (py::error_already_set& e) {
+          if (!e.matches(PyExc_Exception)) throw;  // an interrupt is not "no submodule"
+          // Not a submodule: a parameter of its own ("class_token"), or nothing (a stage named
+          // "loss" owns no parameters).
+          try {
+            out.emplace_back(owner, module_.attr("get_parameter")(owner).cast<at::Tensor>());
+          } catch (py::error_already_set& e2) {
+            if (!e2.matches(PyExc_Exception)) throw;
+          }
+          continue;
         }
-        continue;
+        const std::string prefix = owner.empty() ? "" : owner + ".";
+        for (const py::handle& item : sub.attr("named_parameters")()) {
+          py::tuple t = item.cast<py::tuple>();
+          out.emplace_back(prefix + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
+        }
       }
-      const std::string prefix = owner.empty() ? "" : owner + ".";
-      for (const py::handle& item : sub.attr("named_parameters")()) {
-        py::tuple t = item.cast<py::tuple>();
-        out.emplace_back(prefix + t[0].cast<std::string>(), t[1].cast<at::Tensor>());
-      }
-    }
-    return out;
+      return out;
+    });
   }
 
   const py::object& module() const { return module_; }
@@ -189,12 +268,14 @@ class PyLayerSequence : public LayerSequence {
   std::vector<ObservedTensor> TakeObserved() override {
     if (observed_.is_none()) return {};
     py::gil_scoped_acquire gil;
-    std::vector<ObservedTensor> out;
-    for (const py::handle& item : observed_()) {
-      py::tuple t = item.cast<py::tuple>();
-      out.push_back({t[0].cast<std::string>(), t[1].cast<bool>(), t[2].cast<at::Tensor>()});
-    }
-    return out;
+    return CallPython("the observed tensors", AfterInterrupt::kRefuse, [&] {
+      std::vector<ObservedTensor> out;
+      for (const py::handle& item : observed_()) {
+        py::tuple t = item.cast<py::tuple>();
+        out.push_back({t[0].cast<std::string>(), t[1].cast<bool>(), t[2].cast<at::Tensor>()});
+      }
+      return out;
+    });
   }
 
  private:
@@ -225,7 +306,7 @@ class PyModel : public Model {
     if (kind == PathKind::kReference) {
       if (!sync_.is_none()) {
         py::gil_scoped_acquire gil;
-        sync_();
+        CallPython("the reference copy's sync", AfterInterrupt::kRefuse, [&] { sync_(); });
       }
       return reference_;
     }
@@ -245,7 +326,9 @@ class PyModel : public Model {
   // The config is asked for at capture time: it may hold runtime state (the step, a fault).
   ModelSpecInfo Spec() const override {
     py::gil_scoped_acquire gil;
-    return {name_, config_json_().cast<std::string>()};
+    return CallPython("the model's config", AfterInterrupt::kRefuse, [&]() -> ModelSpecInfo {
+      return {name_, config_json_().cast<std::string>()};
+    });
   }
 
  private:
@@ -351,7 +434,7 @@ MonitorOptions OptionsFrom(const py::kwargs& kw) {
          py::function f = v.cast<py::function>();
          o.log_sink = [f](const std::string& line) {
            py::gil_scoped_acquire gil;
-           f(line);
+           CallPython("the log sink", AfterInterrupt::kRun, [&] { f(line); });
          };
        }},
   };
@@ -369,6 +452,7 @@ MonitorOptions OptionsFrom(const py::kwargs& kw) {
 
 using capsule::DataCursor;
 using capsule::IdentityInfo;
+using capsule::InternalError;
 using capsule::InvalidArgumentError;
 using capsule::LayerSequence;
 using capsule::Model;
@@ -382,7 +466,10 @@ using capsule::Status;
 using capsule::StatusOr;
 using capsule::StepBatch;
 using capsule::StepScalars;
+using capsule::python::AfterInterrupt;
 using capsule::python::BatchFromDict;
+using capsule::python::CallPython;
+using capsule::python::Interrupt;
 using capsule::python::OptionsFrom;
 using capsule::python::PyModel;
 using capsule::python::PyMonitor;
@@ -392,7 +479,7 @@ using capsule::python::ReportDict;
 PYBIND11_MODULE(_capsule, m) {
   m.doc() = "capsule's C++ engine: Monitor, replay and the command line (see the capsule package)";
   // Capsules written from this process say they come from Python, so that reports and replay
-  // print `python3 -m capsule ... --model pkg.module:factory` for them (report/replay_tool.h).
+  // print `python3 -P -m capsule ... --model pkg.module:factory` for them (report/replay_tool.h).
   capsule::AddEnvironmentLibrary(
       "python", py::module_::import("platform").attr("python_version")().cast<std::string>());
 
@@ -409,22 +496,25 @@ PYBIND11_MODULE(_capsule, m) {
            [](PyMonitor& self, std::shared_ptr<PyModel> model) {
              self.model = std::move(model);
              self.monitor.AttachModel(self.model.get(), PathKind::kOptimized);
+             Interrupt::RaiseIfInterrupted();
            })
       .def(
           "register_rng",
           [](PyMonitor& self, const std::string& name, py::function save, uint64_t seed,
              py::object restore) {
-            auto saver = [save]() {
+            auto saver = [save, name]() {
               py::gil_scoped_acquire gil;
-              return save().cast<std::string>();
+              return CallPython("RNG " + name + "'s save", AfterInterrupt::kRun,
+                                [&] { return save().cast<std::string>(); });
             };
             if (restore.is_none()) {
               self.monitor.RegisterRng(name, saver, seed);
               return;
             }
-            self.monitor.RegisterRng(name, saver, seed, [restore](const std::string& state) {
+            self.monitor.RegisterRng(name, saver, seed, [restore, name](const std::string& state) {
               py::gil_scoped_acquire gil;
-              restore(py::bytes(state));
+              CallPython("RNG " + name + "'s restore", AfterInterrupt::kRun,
+                         [&] { restore(py::bytes(state)); });
             });
           },
           py::arg("name"), py::arg("save"), py::arg("seed") = 0, py::arg("restore") = py::none())
@@ -448,6 +538,7 @@ PYBIND11_MODULE(_capsule, m) {
              info.config_text = config_text;
              info.code_revision = code_revision;
              Status s = self.monitor.SetIdentity(info);
+             Interrupt::RaiseIfInterrupted();  // the model hash reads its parameters
              return s.ok() ? std::string() : s.message();
            })
       .def("begin_step",
@@ -469,8 +560,11 @@ PYBIND11_MODULE(_capsule, m) {
              b.raw_text = raw_text;
              b.sample_ids = sample_ids;
              b.tokens_seen = tokens_seen;
-             py::gil_scoped_release no_gil;  // the engine takes the GIL when it calls Python
-             self.monitor.BeginStep(step, c, b);
+             {
+               py::gil_scoped_release no_gil;  // the engine takes the GIL when it calls Python
+               self.monitor.BeginStep(step, c, b);
+             }
+             Interrupt::RaiseIfInterrupted();
            })
       .def("end_step",
            [](PyMonitor& self, std::optional<double> loss, std::optional<double> grad_norm,
@@ -487,6 +581,7 @@ PYBIND11_MODULE(_capsule, m) {
                py::gil_scoped_release no_gil;
                r = self.monitor.EndStep(s);
              }
+             Interrupt::RaiseIfInterrupted();
              return ReportDict(r);
            })
       .def("capture_now",
@@ -496,6 +591,7 @@ PYBIND11_MODULE(_capsule, m) {
                py::gil_scoped_release no_gil;
                r = self.monitor.CaptureNow(reason);
              }
+             Interrupt::RaiseIfInterrupted();
              return ReportDict(r);
            })
       .def("capture_exception",
@@ -507,12 +603,16 @@ PYBIND11_MODULE(_capsule, m) {
                py::gil_scoped_release no_gil;
                r = self.monitor.RunStep([&what] { throw std::runtime_error(what); });
              }
+             Interrupt::RaiseIfInterrupted();
              return ReportDict(r);
            })
       .def("wait_for_writes",
            [](PyMonitor& self) {
-             py::gil_scoped_release no_gil;  // the writer thread may log through Python
-             self.monitor.WaitForWrites();
+             {
+               py::gil_scoped_release no_gil;  // the writer thread may log through Python
+               self.monitor.WaitForWrites();
+             }
+             Interrupt::RaiseIfInterrupted();
            })
       .def_property_readonly("capsules_written",
                              [](const PyMonitor& self) { return self.monitor.capsules_written(); })
@@ -559,6 +659,9 @@ PYBIND11_MODULE(_capsule, m) {
                   h->keep = made;
                   return std::unique_ptr<Model>(std::move(h));
                 } catch (py::error_already_set& e) {
+                  // An interrupt ends the replay as an error (exit status 2), and is raised
+                  // again when the command line returns.
+                  if (Interrupt::Keep(e)) return InternalError("model factory: interrupted");
                   return InvalidArgumentError("the --model factory raised " + PythonError(e));
                 } catch (const py::cast_error&) {
                   return InvalidArgumentError(
@@ -582,8 +685,10 @@ PYBIND11_MODULE(_capsule, m) {
                                   invocation);
         }
         std::fflush(stdout);
+        Interrupt::RaiseIfInterrupted();
         return rc;
       },
-      py::arg("args"), py::arg("factory") = py::none(), py::arg("program") = "python3 -m capsule",
+      py::arg("args"), py::arg("factory") = py::none(),
+      py::arg("program") = "python3 -P -m capsule",
       py::arg("model_args") = std::vector<std::string>{});
 }

@@ -98,10 +98,17 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
   }
   std::vector<std::string> warnings;
   CAPSULE_RETURN_IF_ERROR(internal::PinEnvironment(full, /*force=*/false, &warnings));
+  // The weights before the model, as replay does: they cost what they weigh, the config may ask
+  // for far more.
+  CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> params, internal::ParameterTensors(full));
+  CAPSULE_ASSIGN_OR_RETURN(const std::string differs,
+                           internal::ModelHashMismatch(full, params, "the capsule"));
+  if (!differs.empty()) {
+    return FailedPreconditionError(differs + "; these are another model's weights");
+  }
   CAPSULE_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
       registry.Create({full.model().registry_name(), full.model().config_json()}));
-  CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> params, internal::ParameterTensors(full));
   Status s = model->LoadParameters(params);
   if (!s.ok()) return s.WithContext("cannot load the capsule's weights");
   CAPSULE_RETURN_IF_ERROR(internal::LoadCapsuleBuffers(full, *model));

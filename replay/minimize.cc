@@ -268,11 +268,18 @@ StatusOr<MinimizeResult> MinimizeCapsule(const v1::Capsule& c, const ModelRegist
     other.mutable_numerics()->set_intra_op_threads(alt);
     CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport r, replay(other));
     const bool alike = IsFailure(r) && VerdictOf(r) == result.verdict;
-    result.needs.push_back(
-        alike ? "the thread count does not matter: it fails alike with " + std::to_string(alt) +
-                    " intra-op threads as with " + std::to_string(threads)
-              : "the failure needs " + std::to_string(threads) + " intra-op threads: with " +
-                    std::to_string(alt) + " the replay gives " + VerdictOf(r));
+    if (r.intra_op_threads() != alt) {
+      // Replay runs at most as many threads as this process has CPUs.
+      result.needs.push_back("the thread count was not varied: a replay with " +
+                             std::to_string(alt) + " intra-op threads ran with " +
+                             std::to_string(r.intra_op_threads()) + " here");
+    } else {
+      result.needs.push_back(
+          alike ? "the thread count does not matter: it fails alike with " + std::to_string(alt) +
+                      " intra-op threads as with " + std::to_string(threads)
+                : "the failure needs " + std::to_string(threads) + " intra-op threads: with " +
+                      std::to_string(alt) + " the replay gives " + VerdictOf(r));
+    }
   }
   if (result.budget_exhausted) {
     result.needs.push_back("the replay budget (" + std::to_string(options.max_replays) +

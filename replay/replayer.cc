@@ -15,9 +15,9 @@
 #include "capsule/base/strings.h"
 #include "capsule/bisect/search.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/dtype.h"
 #include "capsule/probe/checkpoint.h"
 #include "capsule/probe/environment.h"
-#include "capsule/probe/hashing.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/probe/rng_state.h"
 #include "capsule/probe/tensor_codec.h"
@@ -67,7 +67,11 @@ StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c
   CAPSULE_ASSIGN_OR_RETURN(std::vector<TensorDigestInfo> got, TensorDigests(ckpt->tensors));
   std::vector<TensorDigestInfo> recorded;
   for (const v1::TensorDigest& t : ref.tensors()) {
-    recorded.push_back({t.name(), t.dtype(), {t.shape().begin(), t.shape().end()}, t.sha256()});
+    // One spelling for both sides: older capsules hold LibTorch's name ("Float").
+    recorded.push_back({t.name(),
+                        CanonicalDTypeName(t.dtype()),
+                        {t.shape().begin(), t.shape().end()},
+                        t.sha256()});
   }
   const std::string differs = FirstDigestDifference(recorded, got);
   if (!differs.empty()) {
@@ -82,43 +86,65 @@ StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c
   return std::move(ckpt->tensors);
 }
 
-Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& model,
-                   v1::ReplayReport& report) {
+// The weights a replay loads, read and checked against the capsule before any model is built: a
+// capsule whose config asks for a huge model is refused for its weights first, when they are
+// not the ones it recorded.
+struct Weights {
   std::vector<NamedTensor> params;
-  std::string source;
+  std::string source;  // "the capsule", the --weights file, "checkpoint PATH"
+};
+
+StatusOr<Weights> ReadWeights(const v1::Capsule& c, const ReplayOptions& options,
+                              v1::ReplayReport& report) {
+  Weights w;
   if (!options.weights_path.empty()) {
     ReadOptions ro;
     ro.allow_unsigned = true;  // a weights file is checked by its canonical hash, not its signer
     ro.allow_untrusted = true;
     auto weights = ReadCapsuleFile(options.weights_path, ro);
     if (!weights.ok()) return weights.status().WithContext("weights " + options.weights_path);
-    CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(*weights->capsule));
-    source = options.weights_path;
+    CAPSULE_ASSIGN_OR_RETURN(w.params, internal::ParameterTensors(*weights->capsule));
+    w.source = options.weights_path;
   } else if (c.model().weight_policy() != v1::WEIGHTS_ALL && c.model().has_weights_reference()) {
-    CAPSULE_ASSIGN_OR_RETURN(params, LoadReferencedCheckpoint(c, options, report));
-    source = "checkpoint " + (options.checkpoint_path.empty() ? c.model().weights_reference().path()
-                                                              : options.checkpoint_path);
+    // Each tensor's digest is checked against the capsule's record here.
+    CAPSULE_ASSIGN_OR_RETURN(w.params, LoadReferencedCheckpoint(c, options, report));
+    w.source =
+        "checkpoint " + (options.checkpoint_path.empty() ? c.model().weights_reference().path()
+                                                         : options.checkpoint_path);
   } else {
     if (c.model().weight_policy() != v1::WEIGHTS_ALL) {
       return FailedPreconditionError(
           "the capsule does not embed the model's weights (weight policy " +
           v1::WeightPolicy_Name(c.model().weight_policy()) + ")");
     }
-    CAPSULE_ASSIGN_OR_RETURN(params, internal::ParameterTensors(c));
-    source = "the capsule";
+    CAPSULE_ASSIGN_OR_RETURN(w.params, internal::ParameterTensors(c));
+    w.source = "the capsule";
   }
-  if (params.empty()) return FailedPreconditionError("no parameters in " + source);
-  Status s = model.LoadParameters(params);
-  if (!s.ok()) return s.WithContext("cannot load the weights from " + source);
-  CAPSULE_ASSIGN_OR_RETURN(std::string hash, CanonicalModelHash(model.NamedParameters()));
-  if (!c.identity().model_sha256().empty() && hash != c.identity().model_sha256()) {
-    const std::string msg = "weights from " + source + " have model sha256 " + hash.substr(0, 16) +
-                            "…, the capsule was recorded with " +
-                            c.identity().model_sha256().substr(0, 16) + "…";
-    if (!options.force) {
-      return FailedPreconditionError(msg + "; these are another model's weights");
+  if (w.params.empty()) return FailedPreconditionError("no parameters in " + w.source);
+  // A set of parameters is the model's whole state: its canonical hash is the model hash the
+  // loaded model will have. Compared now, before the model is built (LoadWeights compares again
+  // after loading, and is where --force turns a mismatch into a warning).
+  if (!options.force) {
+    CAPSULE_ASSIGN_OR_RETURN(const std::string differs,
+                             internal::ModelHashMismatch(c, w.params, w.source));
+    if (!differs.empty()) {
+      return FailedPreconditionError(differs + "; these are another model's weights");
     }
-    report.add_warnings(msg);
+  }
+  return w;
+}
+
+Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, const Weights& weights,
+                   Model& model, v1::ReplayReport& report) {
+  Status s = model.LoadParameters(weights.params);
+  if (!s.ok()) return s.WithContext("cannot load the weights from " + weights.source);
+  CAPSULE_ASSIGN_OR_RETURN(const std::string differs,
+                           internal::ModelHashMismatch(c, model.NamedParameters(), weights.source));
+  if (!differs.empty()) {
+    if (!options.force) {
+      return FailedPreconditionError(differs + "; these are another model's weights");
+    }
+    report.add_warnings(differs);
   }
   // The buffers the capture recorded (BatchNorm's running statistics): an eval-mode model
   // computes with them.
@@ -803,6 +829,10 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
   if (!first.empty() && std::find(layers.begin(), layers.end(), first) == layers.end()) {
     report.set_captured_first_module(first);
   }
+  // The weights before the model: reading and hashing them costs what they weigh, while the
+  // model's config may ask for far more, and a mismatch refuses the replay either way.
+  if (options.progress) options.progress("reading the weights");
+  CAPSULE_ASSIGN_OR_RETURN(const Weights weights, ReadWeights(c, options, report));
   if (options.progress) options.progress("rebuilding " + c.model().registry_name());
   CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                            registry.Create({c.model().registry_name(), c.model().config_json()}));
@@ -815,7 +845,7 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
     switches_changed = std::set<std::string>(before.begin(), before.end()) !=
                        std::set<std::string>(options.features->begin(), options.features->end());
   }
-  CAPSULE_RETURN_IF_ERROR(LoadWeights(c, options, *model, report));
+  CAPSULE_RETURN_IF_ERROR(LoadWeights(c, options, weights, *model, report));
   ApplyFrozen(c, *model);
   CAPSULE_ASSIGN_OR_RETURN(LayerBatch batch, LoadBatch(c));
   batch.training = !c.data().eval_mode();  // the trainer's mode, for the fidelity run

@@ -1,9 +1,10 @@
 // Replayer: re-runs a capsule and names the first semantic divergence.
 //
-// From the capsule alone (plus the model's registry entry) it rebuilds the model, loads the
-// embedded weights (or those of options.weights_path, whose canonical hash must match), checks and
-// pins the environment (thread count, deterministic flag; a different torch version is refused
-// unless forced), then:
+// From the capsule alone (plus the model's registry entry) it checks and pins the environment
+// (thread count, at most the CPUs this process may use; deterministic flag; a different torch
+// version is refused unless forced), reads the embedded weights (or those of
+// options.weights_path or the named checkpoint) and checks their canonical hash against the
+// capsule's before it builds the model from the capsule's config, loads them, then:
 //   1. fidelity: restores the RNG and batch and runs the path the trainer ran; the trigger fires
 //      again bitwise (REPRODUCED_EXACT), approximately, or not at all (NOT_REPRODUCED);
 //   2. reference run: the same step on the REFERENCE path (FP64): does the anomaly show there too?

@@ -9,7 +9,7 @@ bool WrittenFromPython(const v1::Capsule& capsule) {
 }
 
 ReplayTool ReplayToolFor(const v1::Capsule& capsule) {
-  if (WrittenFromPython(capsule)) return {"python3 -m capsule", "--model <pkg.module:factory>"};
+  if (WrittenFromPython(capsule)) return {"python3 -P -m capsule", "--model <pkg.module:factory>"};
   return {"capsule", "--plugin <model plugin>"};
 }
 

@@ -1,6 +1,6 @@
 // How a capsule is replayed: the command that can run its model. A capsule written by a C++
 // trainer replays with `capsule` and the model's plugin; one written from the Python package
-// (its environment lists "python", probe/environment.h) with `python3 -m capsule` and the factory
+// (its environment lists "python", probe/environment.h) with `python3 -P -m capsule` and the factory
 // that rebuilds the model. Reports, triage and replay's own "replay:" line print it.
 //
 //   const ReplayTool tool = ReplayToolFor(capsule);
@@ -17,7 +17,7 @@
 namespace capsule {
 
 struct ReplayTool {
-  std::string program;     // "capsule" or "python3 -m capsule"
+  std::string program;     // "capsule" or "python3 -P -m capsule"
   std::string model_args;  // "--plugin <model plugin>" or "--model <pkg.module:factory>"
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"
@@ -541,8 +542,11 @@ void Batch(std::ostream& out, const ReportModel& m) {
 void Log(std::ostream& out, const ReportModel& m) {
   if (!m.log_lines.empty() || !m.log_error.empty()) {
     out << "<details><summary>Trainer log (" << m.log_lines.size() << " lines)</summary><pre>";
-    for (const auto& l : m.log_lines) out << HtmlEscape(l) << "\n";
-    if (!m.log_error.empty()) out << "error: " << HtmlEscape(m.log_error) << "\n";
+    // One line per record, whatever a record holds: a line break inside one shows as "\n".
+    std::ostringstream text;
+    for (const auto& l : m.log_lines) PrintableLine(text) << l;
+    if (!m.log_error.empty()) PrintableLine(text) << "error: " << m.log_error;
+    out << HtmlEscape(text.str());
     out << "</pre></details>\n";
   }
 }

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "capsule/base/printable.h"
+#include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"
@@ -330,10 +331,11 @@ void Batch(std::ostream& out, const ReportModel& m) {
 void Log(std::ostream& out, const ReportModel& m) {
   if (m.log_lines.empty() && m.log_error.empty()) return;
   Details(out, "Trainer log (" + std::to_string(m.log_lines.size()) + " lines)");
-  std::string text;
-  for (const auto& l : m.log_lines) text += l + "\n";
-  if (!m.log_error.empty()) text += "error: " + m.log_error + "\n";
-  Pre(out, text);
+  // One line per record, whatever a record holds: a line break inside one shows as "\n".
+  std::ostringstream text;
+  for (const auto& l : m.log_lines) PrintableLine(text) << l;
+  if (!m.log_error.empty()) PrintableLine(text) << "error: " << m.log_error;
+  Pre(out, text.str());
   out << "\n</details>\n\n";
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -30,6 +32,85 @@ std::string RankList(const std::vector<int>& ranks) {
     out += std::to_string(ranks[i]);
   }
   return out;
+}
+
+// Ranks [first, last], both included: how missing ranks are kept, whatever world size the
+// capsules claim.
+struct Range {
+  int first = 0;
+  int last = 0;
+};
+
+// The ranks of [0, world) that are not in `known` (sorted, unique, each in [0, world)).
+template <typename Sorted>
+std::vector<Range> Gaps(const Sorted& known, int world) {
+  std::vector<Range> out;
+  int64_t next = 0;
+  for (int r : known) {
+    if (r > next) out.push_back({static_cast<int>(next), r - 1});
+    next = int64_t{r} + 1;
+  }
+  if (next < world) out.push_back({static_cast<int>(next), world - 1});
+  return out;
+}
+
+// The keys of `m`, in order.
+template <typename Map>
+std::vector<int> Keys(const Map& m) {
+  std::vector<int> out;
+  out.reserve(m.size());
+  for (const auto& [k, v] : m) out.push_back(k);
+  return out;
+}
+
+int64_t Count(const std::vector<Range>& ranges) {
+  int64_t n = 0;
+  for (const Range& r : ranges) n += int64_t{r.last} - r.first + 1;
+  return n;
+}
+
+// "rank 3", "ranks 2..5", "ranks 0, 2..5, 7"; at most a few ranges, then how many more.
+std::string RangeList(const std::vector<Range>& ranges) {
+  constexpr size_t kShown = 8;
+  const bool one = ranges.size() == 1 && ranges[0].first == ranges[0].last;
+  std::string out = one ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranges.size() && i < kShown; ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(ranges[i].first);
+    if (ranges[i].last != ranges[i].first) out += ".." + std::to_string(ranges[i].last);
+  }
+  if (ranges.size() > kShown) {
+    std::vector<Range> rest(ranges.begin() + kShown, ranges.end());
+    out += " and " + std::to_string(Count(rest)) + " more";
+  }
+  return out;
+}
+
+void AddRanges(const std::vector<Range>& ranges,
+               google::protobuf::RepeatedPtrField<v1::RankRange>* out) {
+  for (const Range& r : ranges) {
+    v1::RankRange& x = *out->Add();
+    x.set_first(r.first);
+    x.set_last(r.last);
+  }
+}
+
+// One capsule as the analysis keeps it.
+struct RunCapsule {
+  std::string path;
+  const v1::Capsule* capsule = nullptr;
+};
+
+// What the analysis reads of a capsule: the rest (tensors, data, numerics) is dropped.
+std::unique_ptr<v1::Capsule> KeptParts(const v1::Capsule& c) {
+  auto k = std::make_unique<v1::Capsule>();
+  *k->mutable_placement() = c.placement();
+  k->mutable_step()->set_global_step(c.step().global_step());
+  k->mutable_trigger()->set_kind(c.trigger().kind());
+  k->set_created_unix_micros(c.created_unix_micros());
+  if (c.has_objective()) *k->mutable_objective() = c.objective();
+  if (c.has_distributed()) *k->mutable_distributed() = c.distributed();
+  return k;
 }
 
 // One rank's view of the run, merged over its capsules oldest first: the rings are cumulative and
@@ -167,6 +248,8 @@ class Triage {
     for (const RunCapsule& c : capsules_) {
       if (!c.capsule->has_distributed()) {
         Skip(c, "no distributed section (one process)");
+      } else if (c.capsule->placement().rank() < 0) {
+        Skip(c, "rank " + std::to_string(c.capsule->placement().rank()) + " is negative");
       } else if (c.capsule->distributed().run_id() != run) {
         Skip(c, "run " + Field(c.capsule->distributed().run_id()));
       } else {
@@ -232,7 +315,9 @@ class Triage {
       detail.pop_back();
       Add("completeness.world_size", detail, {}, "");
     }
-    world_ = std::max(world_, present_.back() + 1);
+    world_ = static_cast<int>(
+        std::min<int64_t>(std::numeric_limits<int32_t>::max(),
+                          std::max<int64_t>(world_, int64_t{present_.back()} + 1)));
     out_.set_world_size(world_);
     const RankView& first = views_.begin()->second;
     out_.set_sequence_base(first.latest().distributed().sequence_base());
@@ -247,14 +332,10 @@ class Triage {
               "): their sequence numbers are not comparable, and the alignment may be wrong",
           odd, "");
     }
-    for (int r = 0; r < world_; ++r) {
-      if (views_.count(r)) {
-        out_.add_ranks_present(r);
-      } else {
-        out_.add_ranks_missing(r);
-        missing_.push_back(r);
-      }
-    }
+    for (int r : present_) out_.add_ranks_present(r);
+    missing_ = Gaps(present_, world_);
+    AddRanges(missing_, out_.mutable_missing());
+    out_.set_missing_count(static_cast<int32_t>(Count(missing_)));
   }
 
   // ---- gradients ----------------------------------------------------------------------------
@@ -281,11 +362,9 @@ class Triage {
       }
     }
     for (const auto& [step, h] : health_) {
-      std::vector<int> bad, good, unknown;
-      for (int r = 0; r < world_; ++r) {
-        auto it = h.local_bad.find(r);
-        (it == h.local_bad.end() ? unknown : it->second ? bad : good).push_back(r);
-      }
+      std::vector<int> bad, good;
+      for (const auto& [r, is_bad] : h.local_bad) (is_bad ? bad : good).push_back(r);
+      const std::vector<Range> unknown = Gaps(Keys(h.local_bad), world_);
       for (int r : bad) {
         if (!first_bad_step_.count(r)) first_bad_step_[r] = step;
       }
@@ -327,10 +406,7 @@ class Triage {
       }
       if (after == nullptr) continue;
       gradients_decided_ = true;
-      std::vector<int> unknown;
-      for (int r = 0; r < world_; ++r) {
-        if (!h.local_bad.count(r)) unknown.push_back(r);
-      }
+      const std::vector<Range> unknown = Gaps(Keys(h.local_bad), world_);
       if (!unknown.empty()) {
         Undecided("gradients", "the gradients were non-finite after the reduction at step " +
                                    std::to_string(step) +
@@ -373,10 +449,19 @@ class Triage {
       if (!missing_.empty()) Undecided("hang", NoCapsuleFrom(missing_));
       return;
     }
+    // The sequences some rank recorded in [lo, hi]: the loops below visit these, never every
+    // number in between (ranks may record sequences far apart).
+    std::set<uint64_t> seqs;
+    for (const auto& [rank, v] : views_) {
+      for (auto it = v.collectives.lower_bound(lo); it != v.collectives.end() && it->first <= hi;
+           ++it) {
+        seqs.insert(it->first);
+      }
+    }
     std::set<int> named;
-    Mismatch(lo, hi, &named);
+    Mismatch(seqs, &named);
     Behind(hi, named);
-    DeadPeer(lo, hi);
+    DeadPeer(seqs);
     if (!hang_found_ && !missing_.empty()) Undecided("hang", NoCapsuleFrom(missing_));
   }
 
@@ -415,8 +500,8 @@ class Triage {
   }
 
   // (a) The first sequence whose entries differ between the ranks.
-  void Mismatch(uint64_t lo, uint64_t hi, std::set<int>* named) {
-    for (uint64_t s = lo; s <= hi; ++s) {
+  void Mismatch(const std::set<uint64_t>& seqs, std::set<int>* named) {
+    for (uint64_t s : seqs) {
       std::map<CollectiveKey, std::vector<int>> groups;
       for (const auto& [rank, v] : views_) {
         if (const v1::Collective* c = At(v, s)) groups[KeyOf(*c)].push_back(rank);
@@ -438,7 +523,8 @@ class Triage {
           if (here == nullptr || KeyOf(*here) == KeyOf(*mine)) continue;
           if (FollowsInStep(w, *here, *mine, s)) ++follows;
           if (FollowsInStep(v, *mine, *here, s)) ++other_way;
-          const v1::Collective* next = At(w, s + 1);
+          const v1::Collective* next =
+              s == std::numeric_limits<uint64_t>::max() ? nullptr : At(w, s + 1);
           if (next == nullptr) continue;
           (KeyOf(*next) == KeyOf(*mine) ? agree : differ)++;
         }
@@ -527,8 +613,8 @@ class Triage {
     for (const auto& [rank, v] : views_) last_step = std::max(last_step, v.last_step);
     for (const auto& [rank, v] : views_) {
       if (named.count(rank) || v.collectives.empty()) continue;
+      if (v.collectives.rbegin()->first >= hi) continue;
       const uint64_t s = v.collectives.rbegin()->first + 1;
-      if (s > hi) continue;
       // Others that completed s had this rank with them (its capsule is only older); ranks
       // waiting in s are waiting for it.
       std::vector<int> waiting;
@@ -574,9 +660,9 @@ class Triage {
   }
 
   // (c) Every present rank enqueued s and none completed it, while a rank wrote no capsule.
-  void DeadPeer(uint64_t lo, uint64_t hi) {
+  void DeadPeer(const std::set<uint64_t>& seqs) {
     if (missing_.empty() || hang_found_) return;
-    for (uint64_t s = lo; s <= hi; ++s) {
+    for (uint64_t s : seqs) {
       bool all = true, none_completed = true;
       const v1::Collective* c = nullptr;
       for (const auto& [rank, v] : views_) {
@@ -590,7 +676,7 @@ class Triage {
       std::string detail = "every present rank (" + RankList(present_) + ") enqueued sequence " +
                            std::to_string(s) + " (" + OpTag(*c) + ", step " +
                            std::to_string(c->step()) + ") and none completed it; " +
-                           RankList(missing_) + " wrote no capsule: a dead or hung peer";
+                           RangeList(missing_) + " wrote no capsule: a dead or hung peer";
       std::set<int> reported;
       for (const auto& [rank, v] : views_) {
         for (int m : v.latest().distributed().agreement().missing_ranks()) reported.insert(m);
@@ -606,8 +692,9 @@ class Triage {
           break;
         }
       }
-      Add("hang.dead_peer", detail, missing_, views_.begin()->second.latest_path())
-          .step(c->step(), s);
+      Add("hang.dead_peer", detail, {}, views_.begin()->second.latest_path())
+          .step(c->step(), s)
+          .missing(missing_);
       hang_found_ = true;
       return;
     }
@@ -715,9 +802,9 @@ class Triage {
       if (static_cast<int>(h.local_norm.size()) < world_ || h.own.empty()) continue;
       bool finite = true;
       double sum = 0;
-      for (int r = 0; r < world_; ++r) {
+      for (const auto& [r, norm] : h.local_norm) {
         finite &= !h.local_bad.at(r);
-        sum += h.local_norm.at(r);
+        sum += norm;
       }
       const v1::GradReduction& red = *h.own.begin()->second;
       if (!finite || !std::isfinite(red.global_norm())) continue;
@@ -842,6 +929,10 @@ class Triage {
       f_->set_value(v);
       return *this;
     }
+    FindingRef& missing(const std::vector<Range>& ranks) {
+      AddRanges(ranks, f_->mutable_missing());
+      return *this;
+    }
 
    private:
     v1::TriageFinding* f_;
@@ -863,8 +954,8 @@ class Triage {
     u.set_reason(reason);
   }
 
-  static std::string NoCapsuleFrom(const std::vector<int>& ranks) {
-    return "cannot decide: no capsule from " + RankList(ranks);
+  static std::string NoCapsuleFrom(const std::vector<Range>& ranks) {
+    return "cannot decide: no capsule from " + RangeList(ranks);
   }
 
   // The capsule of `rank` for `step`, or of the lowest rank present when `rank` wrote none.
@@ -879,7 +970,7 @@ class Triage {
   std::vector<const RunCapsule*> run_;
   std::map<int, RankView> views_;
   std::vector<int> present_;
-  std::vector<int> missing_;
+  std::vector<Range> missing_;  // the ranks of [0, world_) without a capsule
   int world_ = 0;
   std::map<int64_t, StepHealth> health_;
   std::map<int, int64_t> first_bad_step_;
@@ -895,17 +986,34 @@ std::string Column(const std::string& s, size_t width) {
 
 }  // namespace
 
-std::unique_ptr<v1::RunTriage> TriageRun(const std::vector<RunCapsule>& capsules,
-                                         const std::vector<UnreadableCapsule>& unreadable,
+struct RunTriageInput::Impl {
+  std::vector<std::unique_ptr<v1::Capsule>> kept;  // what `capsules` point to
+  std::vector<RunCapsule> capsules;
+  std::vector<std::pair<std::string, std::string>> unreadable;  // path, reason
+};
+
+RunTriageInput::RunTriageInput() : impl_(std::make_unique<Impl>()) {}
+RunTriageInput::~RunTriageInput() = default;
+
+void RunTriageInput::Add(const std::string& path, const v1::Capsule& capsule) {
+  impl_->kept.push_back(KeptParts(capsule));
+  impl_->capsules.push_back({path, impl_->kept.back().get()});
+}
+
+void RunTriageInput::AddUnreadable(const std::string& path, const std::string& reason) {
+  impl_->unreadable.emplace_back(path, reason);
+}
+
+std::unique_ptr<v1::RunTriage> TriageRun(const RunTriageInput& input,
                                          const RunTriageOptions& options) {
   auto out = std::make_unique<v1::RunTriage>();
   out->set_dir(Printable(options.dir));
-  for (const UnreadableCapsule& u : unreadable) {
+  for (const auto& [path, reason] : input.impl_->unreadable) {
     v1::TriageSkipped& s = *out->add_unreadable();
-    s.set_capsule(Printable(u.path));
-    s.set_reason(PrintableShort(u.reason));
+    s.set_capsule(Printable(path));
+    s.set_reason(PrintableShort(reason));
   }
-  Triage(capsules, options, out.get()).Run();
+  Triage(input.impl_->capsules, options, out.get()).Run();
   return out;
 }
 
@@ -933,10 +1041,12 @@ std::string RenderRunTriageText(const v1::RunTriage& t) {
       out << "run " << Printable(t.run_id()) << " in " << Printable(t.dir()) << ": world size "
           << t.world_size() << ", " << t.ranks_present_size() << " of " << t.world_size()
           << " ranks present, sequence base " << t.sequence_base() << "\n";
-      if (t.ranks_missing_size() > 0) {
-        out << "  ranks missing:";
-        for (int r : t.ranks_missing()) out << " " << r;
-        out << "\n";
+      if (t.missing_size() > 0) {
+        std::vector<Range> missing;
+        for (const v1::RankRange& r : t.missing()) missing.push_back({r.first(), r.last()});
+        out << "  missing: " << RangeList(missing)
+            << (t.missing_count() > 1 ? " (" + std::to_string(t.missing_count()) + " ranks)" : "")
+            << "\n";
       }
       out << "\n"
           << Column("rank", 4) << Column("trigger", 16) << Column("step", 4) << Column("enq", 5)

@@ -9,15 +9,20 @@
 // whose capsule is missing is reported as undecided ("cannot decide: no capsule from rank 3"),
 // never guessed.
 //
-//   std::vector<capsule::RunCapsule> capsules = ...;   // each read by DecodeCapsule, verified
-//   std::unique_ptr<v1::RunTriage> t = capsule::TriageRun(capsules, unreadable, options);
+//   capsule::RunTriageInput input;
+//   for (...) input.Add(path, capsule);   // each read by DecodeCapsule, verified; then dropped
+//   std::unique_ptr<v1::RunTriage> t = capsule::TriageRun(input, options);
 //   std::cout << capsule::RenderRunTriageText(*t);
 //
 // The analysis reads only the decoded messages: it needs neither LibTorch nor the files. Every
 // string it copies from a capsule or a path into the result is escaped and cut (PrintableShort,
-// base/printable.h), so the text and the JSON are safe to print.
+// base/printable.h), so the text and the JSON are safe to print. Its work and its result are
+// bounded by the capsules given, never by what they claim: a world size of 2^31 - 1 costs what
+// the ranks present cost (the missing ones are ranges), and sequence numbers far apart cost what
+// the entries present cost.
 //
-// Thread safety: pure functions; thread-safe.
+// Thread safety: TriageRun and the renderers are pure functions; a RunTriageInput is used from one
+// thread at a time.
 #ifndef CAPSULE_REPORT_RUN_TRIAGE_H_
 #define CAPSULE_REPORT_RUN_TRIAGE_H_
 
@@ -32,23 +37,34 @@ namespace v1 {
 class RunTriage;
 }  // namespace v1
 
-// One capsule read through the verifying reader (never one that failed it).
-struct RunCapsule {
-  std::string path;
-  const v1::Capsule* capsule = nullptr;  // not owned; must outlive the call
-};
-
-// A capsule file the verifying reader refused, and why: listed, never used.
-struct UnreadableCapsule {
-  std::string path;
-  std::string reason;
-};
-
 struct RunTriageOptions {
   // The run to triage (Distributed.run_id). Empty: the only run among the capsules; with several,
   // the result is TRIAGE_SEVERAL_RUNS and lists them.
   std::string run_id;
   std::string dir;  // the folder the capsules came from, as the result names it
+};
+
+// The capsules of one folder, given one at a time. Add keeps only what the analysis reads of a
+// capsule (its placement, step, trigger kind, objective and distributed section: a few kB, never
+// its tensors), so a caller can read, add and drop each capsule in turn and hold one at a time.
+class RunTriageInput {
+ public:
+  RunTriageInput();
+  ~RunTriageInput();
+  RunTriageInput(const RunTriageInput&) = delete;
+  RunTriageInput& operator=(const RunTriageInput&) = delete;
+
+  // A capsule read through the verifying reader (never one that failed it); `capsule` may be
+  // destroyed as soon as this returns.
+  void Add(const std::string& path, const v1::Capsule& capsule);
+  // A capsule file the verifying reader refused, and why: listed, never used.
+  void AddUnreadable(const std::string& path, const std::string& reason);
+
+ private:
+  friend std::unique_ptr<v1::RunTriage> TriageRun(const RunTriageInput& input,
+                                                  const RunTriageOptions& options);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // The relative margin by which the reduced gradient's norm must exceed the mean of the ranks'
@@ -57,8 +73,7 @@ inline constexpr double kReductionNormSlack = 1e-4;
 
 // A capsule.v1.RunTriage (proto/triage.proto): outcome, per-rank evidence, findings in the order
 // completeness, gradients, hang, desync, scaling, the undecided checks and the next command.
-std::unique_ptr<v1::RunTriage> TriageRun(const std::vector<RunCapsule>& capsules,
-                                         const std::vector<UnreadableCapsule>& unreadable,
+std::unique_ptr<v1::RunTriage> TriageRun(const RunTriageInput& input,
                                          const RunTriageOptions& options);
 
 // For a terminal: the run line, the evidence table (one row per rank), findings, undecided checks

@@ -27,24 +27,47 @@ belong inside a stage: that is what makes the layerwise replay and bisect exact.
 path is, by default, a float64 copy of the module on CPU running the same stages; pass
 ``reference=`` to use your own (a plain kernel in place of a fused one).
 """
-import copy
-import json
+import os
 import sys
-import warnings
 
+
+def _without_current_dir(path):
+    """``path`` less the entries that stand for the current directory (``""``, ``"."``, its
+    absolute path): ``python3 -m capsule`` puts the current directory first on ``sys.path``, where
+    a stray ``json.py`` would be imported in place of the standard library's."""
+    try:
+        here = os.getcwd()
+    except OSError:  # a current directory that was removed stands for nothing
+        return [p for p in path if p not in ("", ".")]
+    return [p for p in path if p not in ("", ".") and os.path.abspath(p) != here]
+
+
+# The package's own imports never come from the current directory, however it was started (a
+# trainer's own modules still may: sys.path is put back after them).
+_path = list(sys.path)
+sys.path[:] = _without_current_dir(sys.path)
 try:
-    import torch
-except ImportError as _e:  # another interpreter than the one whose torch the engine links
-    raise ImportError(
-        f"capsule needs Debian's python3-torch, the PyTorch that shares its LibTorch: run it with "
-        f"/usr/bin/python3 (this is {sys.executable}, which cannot import torch: {_e})") from None
-try:
-    from capsule import _capsule
-except ImportError as _e:
-    raise ImportError(
-        f"capsule's engine (capsule._capsule) was not built for this interpreter "
-        f"({sys.executable}, Python {sys.version.split()[0]}): build it with the Python that "
-        f"runs it, /usr/bin/python3 ({_e})") from None
+    import copy
+    import json
+    import warnings
+
+    try:
+        import torch
+    except ImportError as _e:  # another interpreter than the one whose torch the engine links
+        raise ImportError(
+            f"capsule needs Debian's python3-torch, the PyTorch that shares its LibTorch: run it "
+            f"with /usr/bin/python3 (this is {sys.executable}, which cannot import torch: {_e})"
+        ) from None
+    try:
+        from capsule import _capsule
+    except ImportError as _e:
+        raise ImportError(
+            f"capsule's engine (capsule._capsule) was not built for this interpreter "
+            f"({sys.executable}, Python {sys.version.split()[0]}): build it with the Python that "
+            f"runs it, /usr/bin/python3 ({_e})") from None
+finally:
+    sys.path[:] = _path + [p for p in sys.path if p not in _path]
+    del _path
 
 __all__ = ["Model", "Monitor", "Step", "check_stages", "decoder_stages", "sequential_stages",
            "torchvision_stages", "main"]
@@ -53,7 +76,7 @@ __all__ = ["Model", "Monitor", "Step", "check_stages", "decoder_stages", "sequen
 class Model:
     """A Python model as capsule sees it: named stages over a module, on two paths.
 
-    ``name`` is the name replay looks the model up by (``python3 -m capsule replay FILE --model
+    ``name`` is the name replay looks the model up by (``python3 -P -m capsule replay FILE --model
     pkg.mod:factory`` registers ``factory`` under it); ``config`` is a JSON-serialisable dict, or a
     function returning one at capture time (for runtime state such as the step), stored in the
     capsule and handed back to the factory.
@@ -422,13 +445,14 @@ def _as_bytes(state):
 
 
 def main(argv=None):
-    """``python3 -m capsule SUBCOMMAND ...``: the capsule command line, in this process. For
+    """``python3 -P -m capsule SUBCOMMAND ...``: the capsule command line, in this process. For
     commands that run a model (replay, extract, gate, minimize, stress), ``--model
     pkg.module:factory`` names the function that rebuilds the model from its config dict (it
-    returns a ``capsule.Model``); it may stand anywhere among the options. Returns the exit status
-    (2 for a ``--model`` that cannot be imported)."""
+    returns a ``capsule.Model``); it may stand anywhere among the options, and the module is looked
+    up on ``sys.path`` as ``python3 -P -m capsule`` leaves it: PYTHONPATH and installed packages,
+    never the current directory. Returns the exit status (2 for a ``--model`` that cannot be
+    imported)."""
     import importlib
-    import sys
     args = list(sys.argv[1:] if argv is None else argv)
     factory, spec = None, None
     for i, a in enumerate(args):
@@ -461,4 +485,4 @@ def main(argv=None):
             return 2
         factory = lambda config_json: made(json.loads(config_json))
     model_args = ["--model", spec] if spec is not None else []
-    return _capsule.cli_main(["capsule"] + args, factory, "python3 -m capsule", model_args)
+    return _capsule.cli_main(["capsule"] + args, factory, "python3 -P -m capsule", model_args)

@@ -25,8 +25,8 @@ site = os.environ["PYTHONPATH"]
 assert capsule.__file__.startswith(site), capsule.__file__
 assert capsule._capsule.__file__.startswith(site), capsule._capsule.__file__
 PY
-PYTHONPATH=$work/site "$python" -m capsule keygen --out "$work/k" > /dev/null
+PYTHONPATH=$work/site "$python" -P -m capsule keygen --out "$work/k" > /dev/null
 [ -s "$work/k.key" ] && [ -s "$work/k.pub" ] || { echo "FAIL: keygen wrote no key"; exit 1; }
-PYTHONPATH=$work/site "$python" -m capsule frobnicate > /dev/null 2> "$work/err" && exit 1
+PYTHONPATH=$work/site "$python" -P -m capsule frobnicate > /dev/null 2> "$work/err" && exit 1
 grep -q "unknown command 'frobnicate'" "$work/err" || { cat "$work/err"; exit 1; }
 echo "ok: pip installed capsule from the checkout; it imports and runs the command line"

@@ -40,7 +40,7 @@ def train(tmp_path, keys, *args):
 
 
 def replay(cap, keys, *args):
-    r = subprocess.run([sys.executable, "-m", "capsule", "replay", str(cap), "--model",
+    r = subprocess.run([sys.executable, "-P", "-m", "capsule", "replay", str(cap), "--model",
                         "py_tiny_gpt:factory", "--pubkey", str(keys[1]), "--json"] + list(args),
                        capture_output=True, text=True)
     assert r.stdout, r.stderr
@@ -132,6 +132,66 @@ def test_an_exception_in_the_step_becomes_a_capsule_and_training_goes_on(tmp_pat
         loss.backward()
         s.end(loss=loss, grad_norm=ptg.grad_norm(net))
     assert s.exception is None and not s.report["triggered"]
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_during_the_capture_rerun_reaches_the_trainer(tmp_path, keys, interrupt):
+    # Ctrl-C while the Monitor re-runs the step through the stages: the KeyboardInterrupt (or any
+    # BaseException that is not an Exception) is the trainer's, not a failed capture to log.
+    net = ptg.PyTinyGpt({"n_layers": 2, "seed": 3})
+    stages = list(ptg.stages(net))
+    armed = [False]
+    name, fn = stages[1]
+
+    def interrupted(module, x, batch):
+        if armed[0]:
+            raise interrupt()
+        return fn(module, x, batch)
+
+    stages[1] = (name, interrupted)
+    logged = []
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              log_sink=logged.append)
+    monitor.attach(capsule.Model("py_tiny_gpt", net, stages, config=net.spec))
+    loader = ptg.Loader(4, 32, 3)
+    x, y, cursor = loader.next()
+    params = {n: p.detach().clone() for n, p in net.named_parameters()}
+    armed[0] = True
+    with pytest.raises(interrupt):
+        with monitor.step(0, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
+            s.end(loss=float("nan"))
+    assert s.exception is None  # not turned into an EXCEPTION capture either
+    assert all(torch.equal(p, params[n]) for n, p in net.named_parameters())
+    # Raised once: the Monitor goes on as before once the trainer has handled it.
+    armed[0] = False
+    x, y, cursor = loader.next()
+    with monitor.step(1, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
+        loss = run_step(net, x, y)
+        s.end(loss=loss)
+    assert s.exception is None and not s.report["triggered"]
+
+
+def test_python_m_capsule_runs_no_module_from_the_current_directory(tmp_path):
+    # A json.py or copy.py (the package imports both) in the folder a capsule was downloaded to must
+    # not run. With -P, as the docs spell the command, neither may modules Python's own -m
+    # machinery imports (importlib) nor a capsule/ package there.
+    marker = tmp_path / "ran"
+
+    def poison(path, name):
+        path.write_text(f"open({str(marker)!r}, 'a').write('{name} ')\nraise SystemExit(97)\n")
+
+    for name in ("json", "copy"):
+        poison(tmp_path / f"{name}.py", name)
+    for flags in ([], ["-P"]):
+        if flags:
+            poison(tmp_path / "importlib.py", "importlib")
+            (tmp_path / "capsule").mkdir()
+            poison(tmp_path / "capsule" / "__init__.py", "capsule")
+        r = subprocess.run([sys.executable] + flags + ["-m", "capsule", "verify", "missing.capsule"],
+                           cwd=tmp_path, capture_output=True, text=True)
+        assert not marker.exists(), f"{flags}: ran {marker.read_text()}from the current directory"
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "missing.capsule" in r.stderr, r.stderr
 
 
 def test_a_capture_leaves_parameters_gradients_and_rngs_untouched(tmp_path, keys):

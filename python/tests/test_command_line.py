@@ -1,4 +1,4 @@
-"""`python3 -m capsule` as a Python user meets it: where FILE and --model may stand, the commands
+"""`python3 -P -m capsule` as a Python user meets it: where FILE and --model may stand, the commands
 it prints, what it says when the model is missing, mistyped or raises, and the refusals a Monitor
 owes an answer for. Run by ctest (python_tests), like test_capsule.py."""
 import os
@@ -41,16 +41,16 @@ def test_the_printed_commands_run_as_typed(nan_capsule, keys, tmp_path):
             "--bisect")
     lines = r.stdout.splitlines()
     again = [l[len("replay: "):] for l in lines if l.startswith("replay: ")]
-    assert again and again[0].startswith("python3 -m capsule replay "), r.stdout
+    assert again and again[0].startswith("python3 -P -m capsule replay "), r.stdout
     assert "--model py_tiny_gpt:factory" in again[0]
     nexts = [l.strip() for l in lines[lines.index(next(l for l in lines if l.startswith("next:"))):]
              if l.startswith("  ")]
-    assert nexts[0].startswith("python3 -m capsule extract ") and "--model py_tiny_gpt:factory" \
+    assert nexts[0].startswith("python3 -P -m capsule extract ") and "--model py_tiny_gpt:factory" \
         in nexts[0], nexts
     # The replay line, typed into a shell with this interpreter, gives the same diagnosis.
     argv = again[0].split()
-    assert argv[:3] == ["python3", "-m", "capsule"]
-    r2 = subprocess.run([sys.executable, "-m", "capsule"] + argv[3:], capture_output=True,
+    assert argv[:4] == ["python3", "-P", "-m", "capsule"]
+    r2 = subprocess.run([sys.executable, "-P", "-m", "capsule"] + argv[4:], capture_output=True,
                         text=True)
     assert r2.returncode == 1 and r2.stdout.splitlines()[0] == lines[0], r2.stderr
     # The extract it suggests (with a real key) replays alone, and says what it did not judge.
@@ -76,11 +76,11 @@ def test_a_python_capsule_without_its_model_says_how_to_name_it(nan_capsule, key
     c = subprocess.run([CLI, "replay", str(nan_capsule), "--pubkey", str(keys[1])],
                        capture_output=True, text=True)
     assert c.returncode == 2
-    assert "python3 -m capsule" in c.stderr and "--model" in c.stderr, c.stderr
+    assert "python3 -P -m capsule" in c.stderr and "--model" in c.stderr, c.stderr
     # So does its report.
     md = subprocess.run([CLI, "report", str(nan_capsule), "--pubkey", str(keys[1])],
                         capture_output=True, text=True)
-    assert "python3 -m capsule replay " in md.stdout and "--model <pkg.module:factory>" in \
+    assert "python3 -P -m capsule replay " in md.stdout and "--model <pkg.module:factory>" in \
         md.stdout, md.stdout
 
 

@@ -1,7 +1,7 @@
 """torchvision models as a trainer outside this project would hook them: resnet18 (BatchNorm,
 in-place ReLU, float image inputs) and a small VisionTransformer (a class token and a position
 embedding no submodule owns), with the stages capsule.torchvision_stages gives. `factory` is what
-`python3 -m capsule replay FILE --model vision_models:factory` calls.
+`python3 -P -m capsule replay FILE --model vision_models:factory` calls.
 
 With config["observe"], the model is watched through module hooks (capsule.Model.observe)
 instead. Faults, by config["fault"]: "layer3-grad" doubles the gradient flowing back out of layer3 on the

@@ -2,8 +2,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <thread>
+
+#include "capsule/format/validate.h"
 #include "capsule/probe/environment.h"
+#include "capsule/probe/hashing.h"
 #include "capsule/probe/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
@@ -72,6 +78,24 @@ Status LoadCapsuleBuffers(const v1::Capsule& c, Model& model) {
   return model.LoadBuffers(buffers).WithContext("cannot load the capsule's buffers");
 }
 
+StatusOr<std::string> ModelHashMismatch(const v1::Capsule& c,
+                                        const std::vector<NamedTensor>& params,
+                                        const std::string& source) {
+  const std::string& recorded = c.identity().model_sha256();
+  if (recorded.empty()) return std::string();
+  CAPSULE_ASSIGN_OR_RETURN(std::string hash, CanonicalModelHash(params));
+  if (hash == recorded) return std::string();
+  return "weights from " + source + " have model sha256 " + hash.substr(0, 16) +
+         "…, the capsule was recorded with " + recorded.substr(0, 16) + "…";
+}
+
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>* warnings) {
   const std::string recorded = c.environment().torch_version();
   if (!recorded.empty() && recorded != TorchVersion()) {
@@ -80,9 +104,21 @@ Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>
     if (!force) return FailedPreconditionError(msg);
     warnings->push_back(msg);
   }
-  const int threads = c.numerics().intra_op_threads() > 0 ? c.numerics().intra_op_threads()
-                                                          : c.environment().intra_op_threads();
-  if (threads > 0) at::set_num_threads(threads);
+  const int recorded_threads = c.numerics().intra_op_threads() > 0
+                                   ? c.numerics().intra_op_threads()
+                                   : c.environment().intra_op_threads();
+  if (recorded_threads > 0) {
+    // Never more threads than the CPUs this process may use: more only spin (a thread count far
+    // beyond them never finishes, and OpenMP ends the process when it cannot start them).
+    const int usable = std::min(UsableCpus(), kMaxThreads);
+    if (recorded_threads > usable) {
+      warnings->push_back("the capsule was recorded with " + std::to_string(recorded_threads) +
+                          " intra-op threads; this process may use " + std::to_string(usable) +
+                          " CPUs and replays with " + std::to_string(usable) +
+                          " threads (reductions split by thread may round differently)");
+    }
+    at::set_num_threads(std::min(recorded_threads, usable));
+  }
   at::globalContext().setDeterministicAlgorithms(c.environment().deterministic_algorithms(),
                                                  /*warn_only=*/false);
   return Status::Ok();

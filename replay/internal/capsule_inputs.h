@@ -44,9 +44,22 @@ StatusOr<std::vector<NamedTensor>> ParameterTensors(const v1::Capsule& c);
 // (Model::LoadBuffers); OK when there are none.
 Status LoadCapsuleBuffers(const v1::Capsule& c, Model& model);
 
+// How `params`, a model's whole state read from `source` ("the capsule", a file), differ from the
+// weights the capsule recorded, by canonical model hash: "weights from SOURCE have model sha256
+// 1a2b…, the capsule was recorded with 3c4d…"; empty when they agree or the capsule records no
+// hash. One hash pass over the tensors and no model: replay and extract ask it before they build
+// a model from the capsule's config.
+StatusOr<std::string> ModelHashMismatch(const v1::Capsule& c,
+                                        const std::vector<NamedTensor>& params,
+                                        const std::string& source);
+
+// The CPUs this process may run on (its affinity mask), at least 1.
+int UsableCpus();
+
 // Refuses (kFailedPrecondition) a capsule recorded with another torch version unless `force`, in
 // which case the mismatch is appended to `warnings`; then sets the captured intra-op thread count
-// (reductions depend on it) and deterministic-algorithms flag.
+// (reductions depend on it), at most UsableCpus() (a warning says when it is fewer), and the
+// deterministic-algorithms flag.
 Status PinEnvironment(const v1::Capsule& c, bool force, std::vector<std::string>* warnings);
 
 // A layer's tensors cast to a path's compute dtype: floating tensors change dtype, index tensors

@@ -16,7 +16,7 @@ C++ sample's (samples/tiny_gpt/faults.h):
 
     python3 samples/py_tiny_gpt/py_tiny_gpt.py --steps 8 --inject nan --inject-layer blocks.1 \\
         --inject-step 5 --capsule-dir caps --key trainer.key
-    python3 -m capsule replay caps/*.capsule --model py_tiny_gpt:factory --pubkey trainer.pub
+    python3 -P -m capsule replay caps/*.capsule --model py_tiny_gpt:factory --pubkey trainer.pub
 """
 import argparse
 import math
@@ -160,7 +160,7 @@ def engine_model(net):
 
 
 def factory(config):
-    """Replay's factory: ``python3 -m capsule replay FILE --model py_tiny_gpt:factory``."""
+    """Replay's factory: ``python3 -P -m capsule replay FILE --model py_tiny_gpt:factory``."""
     return engine_model(PyTinyGpt(config))
 
 

@@ -140,6 +140,17 @@ if [ -x "$(dirname "$capsule")/capsule-torch" ]; then
   [ "$(wc -c < "$work/atol.err")" -lt 200 ] || bad atol "a $(wc -c < "$work/atol.err")-byte message"
 fi
 
+# On a terminal, a progress line is redrawn in place: its own carriage return and erase-line
+# reach the terminal as they are (the filter lets nothing else through), its text stays escaped.
+if [ -x "$(dirname "$capsule")/capsule-torch" ] && command -v script > /dev/null; then
+  script -qec "$(printf '%q ' "$capsule" replay "$full" --pubkey "$keys/test-only.pub")" \
+    /dev/null > "$work/tty.out" 2>&1
+  grep -qF $'\r\033[K[replay] ' "$work/tty.out" ||
+    bad progress "no progress line redrawn in place: $(od -c "$work/tty.out" | head -5)"
+  grep -qF '\x1b[K' "$work/tty.out" && bad progress "its control sequence is shown escaped"
+  echo "ok: a progress line on a terminal is redrawn in place"
+fi
+
 # A FIFO as input is refused at once, by every reader.
 for cmd in inspect verify report; do
   timeout 20 "$capsule" "$cmd" "$work/fifo" --pubkey "$keys/test-only.pub" > /dev/null \

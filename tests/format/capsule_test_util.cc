@@ -321,7 +321,7 @@ v1::Capsule MakeFullCapsule() {
   for (const char* name : {"blocks.0.attn.qkv.weight", "embed.weight"}) {
     v1::TensorDigest* d = ref->add_tensors();
     d->set_name(name);
-    d->set_dtype("Float");
+    d->set_dtype("float32");
     d->add_shape(2);
     d->add_shape(3);
     d->set_sha256(Sha256Hex(name));

@@ -57,6 +57,25 @@ TEST(ValidateTest, DTypeSizesAndNames) {
   EXPECT_EQ(DTypeName(999), "unknown(999)");
 }
 
+TEST(ValidateTest, DTypeNamesHaveOneSpellingAndLibTorchsIsReadAsIt) {
+  EXPECT_EQ(CanonicalDTypeName("float32"), "float32");
+  EXPECT_EQ(CanonicalDTypeName("Float"), "float32");
+  EXPECT_EQ(CanonicalDTypeName("Double"), "float64");
+  EXPECT_EQ(CanonicalDTypeName("BFloat16"), "bfloat16");
+  EXPECT_EQ(CanonicalDTypeName("Half"), "float16");
+  EXPECT_EQ(CanonicalDTypeName("Long"), "int64");
+  EXPECT_EQ(CanonicalDTypeName("Byte"), "uint8");
+  EXPECT_EQ(CanonicalDTypeName("Char"), "int8");
+  EXPECT_EQ(CanonicalDTypeName("Bool"), "bool");
+  for (int d = v1::FLOAT64; d <= v1::BOOL; ++d) {
+    EXPECT_EQ(CanonicalDTypeName(DTypeName(d)), DTypeName(d));
+  }
+  EXPECT_EQ(CanonicalDTypeName("float"), "");
+  EXPECT_EQ(CanonicalDTypeName("ComplexFloat"), "");
+  EXPECT_EQ(CanonicalDTypeName("unspecified"), "");
+  EXPECT_EQ(CanonicalDTypeName(""), "");
+}
+
 struct Rule {
   const char* name;
   std::function<void(v1::Capsule*)> breaks;
@@ -426,6 +445,47 @@ const Rule kRules[] = {
     {"PlacementNegativeWorldSize",
      [](v1::Capsule* c) { c->mutable_placement()->set_world_size(-1); },
      "placement: rank must be in [0, world_size)"},
+    {"PlacementWorldSizeAboveTheCap",
+     [](v1::Capsule* c) { c->mutable_placement()->set_world_size(2147483647); },
+     "placement.world_size: must be at most 1048576, not 2147483647"},
+    {"PlacementRankAboveTheCapWithAnUnknownWorldSize",
+     [](v1::Capsule* c) {
+       c->mutable_placement()->set_world_size(0);
+       c->mutable_placement()->set_rank(1 << 20);
+     },
+     "placement: rank must be in [0, world_size) (below 1048576 when world_size is 0)"},
+    {"IntraOpThreadsAboveTheCap",
+     [](v1::Capsule* c) { c->mutable_environment()->set_intra_op_threads(2147483647); },
+     "environment.intra_op_threads: must be in [0, 1024], not 2147483647"},
+    {"IntraOpThreadsJustAboveTheCap",
+     [](v1::Capsule* c) { c->mutable_environment()->set_intra_op_threads(20000); },
+     "environment.intra_op_threads: must be in [0, 1024], not 20000"},
+    {"IntraOpThreadsNegative",
+     [](v1::Capsule* c) { c->mutable_environment()->set_intra_op_threads(-3); },
+     "environment.intra_op_threads: must be in [0, 1024], not -3"},
+    {"InterOpThreadsAboveTheCap",
+     [](v1::Capsule* c) { c->mutable_environment()->set_inter_op_threads(1025); },
+     "environment.inter_op_threads: must be in [0, 1024], not 1025"},
+    {"NumericsThreadsAboveTheCap",
+     [](v1::Capsule* c) { c->mutable_numerics()->set_intra_op_threads(1025); },
+     "numerics.intra_op_threads: must be in [0, 1024], not 1025"},
+    {"ModelConfigTooLarge",
+     [](v1::Capsule* c) {
+       c->mutable_model()->set_config_json("{\"pad\":\"" + std::string(65536, 'x') + "\"}");
+     },
+     "model.config_json: is 65546 bytes; at most 65536 are read"},
+    {"ModelConfigNestedTooDeep",
+     [](v1::Capsule* c) {
+       c->mutable_model()->set_config_json("{\"a\":" + std::string(32, '[') + std::string(32, ']') +
+                                           "}");
+     },
+     "model.config_json: nests objects and arrays more than 32 deep"},
+    {"WeightsReferenceDtypeUnknown",
+     [](v1::Capsule* c) {
+       c->mutable_model()->mutable_weights_reference()->mutable_tensors(0)->set_dtype("float");
+     },
+     "model.weights_reference.tensors[0]: dtype float is not a dtype name (float32, bfloat16, "
+     "int64, ...)"},
     {"DistributedRunIdEmpty", [](v1::Capsule* c) { c->mutable_distributed()->clear_run_id(); },
      "distributed.run_id: must be 1 to 128 printable ASCII characters"},
     {"DistributedRunIdWithEscape",
@@ -560,6 +620,34 @@ TEST(ValidateTest, EdgeValuesThatAreValid) {
   s->set_neg_inf_count(0);
   s->set_zero_count(0);
   s->set_first_nonfinite_index(-1);
+  EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+}
+
+TEST(ValidateTest, ATensorDigestMaySpellItsDtypeAsLibTorchDid) {
+  // The writer spells "float32"; capsule 0.1.0 wrote LibTorch's "Float", and those files stay
+  // readable.
+  v1::Capsule c = MakeFullCapsule();
+  ASSERT_EQ(c.model().weights_reference().tensors(0).dtype(), "float32");
+  EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+  c.mutable_model()->mutable_weights_reference()->mutable_tensors(0)->set_dtype("Float");
+  EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+}
+
+TEST(ValidateTest, TheBoundsThemselvesAreValid) {
+  v1::Capsule c = MakeFullCapsule();
+  c.mutable_environment()->set_intra_op_threads(1024);
+  c.mutable_environment()->set_inter_op_threads(1024);
+  c.mutable_numerics()->set_intra_op_threads(1024);
+  c.mutable_placement()->set_world_size(1 << 20);
+  c.mutable_placement()->set_rank((1 << 20) - 1);
+  // 32 levels; brackets inside a string (escaped quotes included) are text, not nesting.
+  c.mutable_model()->set_config_json("{\"a\":" + std::string(31, '[') + "\"[[\\\"{{\"" +
+                                     std::string(31, ']') + "}");
+  std::string big = "{\"pad\":\"\"}";
+  big.insert(8, kMaxModelConfigBytes - big.size(), 'x');
+  ASSERT_EQ(big.size(), kMaxModelConfigBytes);
+  EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+  c.mutable_model()->set_config_json(big);
   EXPECT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
 }
 

@@ -4,22 +4,28 @@
 // replay's verdict and errors, and the refusals must say what is wrong without naming a flag.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <torch/optim/adam.h>
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "capsule/base/sha256.h"
 #include "capsule/capture/monitor.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/capsule_writer.h"
 #include "capsule/format/redact.h"
 #include "capsule/format/signing.h"
+#include "capsule/format/validate.h"
 #include "capsule/probe/checkpoint.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/proto/capsule.pb.h"
@@ -751,6 +757,43 @@ TEST_F(ReplayCapsuleTest, LargeModelCapsuleNamesItsCheckpointAndReplaysFromIt) {
 
 // The checkpoints a user has: a state dict saved by Python's torch.save, and a
 // torch::serialize::OutputArchive with a nested archive, both read by name.
+TEST_F(ReplayCapsuleTest, CheckpointDigestsSpellDtypesAsTheCapsuleDoesAndOldSpellingsReplay) {
+  TempDir dir;
+  tiny_gpt::TinyGptConfig config;
+  config.n_layers = kBlocks;
+  config.fault = {FaultKind::kNan, "ln_f", 0};
+  const std::string checkpoint = dir.path() + "/model.pt";
+  {
+    std::unique_ptr<tiny_gpt::TinyGpt> init = std::move(*tiny_gpt::TinyGpt::Create(config));
+    ASSERT_TRUE(SaveCheckpoint(checkpoint, init->NamedParameters()).ok());
+  }
+  const LargeRun run =
+      RecordLarge(dir.path() + "/ref", checkpoint, config, WeightPolicy::kAnomalousLayer);
+  ASSERT_EQ(run.capsules.size(), 1u);
+  v1::Capsule named = run.capsules[0];
+  ASSERT_TRUE(named.model().has_weights_reference());
+  for (const v1::TensorDigest& t : named.model().weights_reference().tensors()) {
+    EXPECT_EQ(t.dtype(), "float32") << t.name();  // as TensorMeta and the collective ring say it
+  }
+  auto now = Replay(named);
+  ASSERT_TRUE(now.ok()) << now.status();
+  // A capsule written by capsule 0.1.0 holds LibTorch's spelling: it still names these tensors.
+  for (v1::TensorDigest& t :
+       *named.mutable_model()->mutable_weights_reference()->mutable_tensors()) {
+    t.set_dtype("Float");
+  }
+  ASSERT_TRUE(ValidateCapsule(named).ok()) << ValidateCapsule(named);
+  auto old = Replay(named);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->diagnosis(), now->diagnosis());
+  EXPECT_EQ(old->first_divergent_layer(), now->first_divergent_layer());
+  // Another type than the checkpoint's is still a difference.
+  named.mutable_model()->mutable_weights_reference()->mutable_tensors(0)->set_dtype("float64");
+  auto other = Replay(named);
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find("is float32["), std::string::npos) << other.status();
+}
+
 TEST(CheckpointTest, ReadsPythonStateDictsAndTorchArchives) {
   TempDir dir;
   const std::string py = dir.path() + "/py.pt";
@@ -807,6 +850,215 @@ TEST(CheckpointTest, ReadsPythonStateDictsAndTorchArchives) {
   std::fputs("not a checkpoint", f);
   std::fclose(f);
   EXPECT_EQ(LoadCheckpoint(dir.path() + "/text.pt").status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- what a capsule's content can make replay, gate and stress do -------------------------------
+
+struct CommandResult {
+  int status = -1;
+  std::string output;  // standard output and error
+};
+
+// `capsule ARGS` through the shell, standard error with standard output (or dropped). CAPSULE_BIN
+// from the environment when set (to run these checks against another build), else this build's.
+CommandResult RunCli(const std::string& args, bool with_stderr = true) {
+  const char* env = std::getenv("CAPSULE_BIN");
+  const std::string bin = env != nullptr && *env != '\0' ? env : CAPSULE_BIN;
+  CommandResult r;
+  FILE* p = ::popen((bin + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = ::pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// `s` in single quotes for the shell (a file name with a line break in it included).
+std::string Quoted(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+void WriteUnsigned(const std::string& path, const v1::Capsule& c) {
+  const Status s = WriteCapsuleFile(path, c, WriteOptions());
+  ASSERT_TRUE(s.ok()) << path << ": " << s;
+}
+
+// Every injected string starts its would-be line with "FORGED": no line of `r` may.
+void ExpectNoForgedLine(const std::string& what, const CommandResult& r) {
+  std::istringstream lines(r.output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    EXPECT_NE(line.rfind("FORGED", 0), 0u)
+        << what << ": a capsule's text made a line of its own: " << line << "\n"
+        << r.output;
+  }
+}
+
+void ExpectShown(const std::string& what, const CommandResult& r, const std::string& escaped) {
+  EXPECT_NE(r.output.find(escaped), std::string::npos)
+      << what << ": " << escaped << " is not shown escaped:\n"
+      << r.output;
+}
+
+TEST_F(ReplayCapsuleTest, LineBreaksInACapsulesTextOrFileNameNeverForgeALine) {
+  const v1::Capsule c = RecordOne({FaultKind::kNan, "blocks.1", 2}, 3);
+  ASSERT_EQ(c.numerics().first_anomalous_layer(), "blocks.1");
+  TempDir dir;
+  const std::string plugin = std::string(" --plugin ") + CAPSULE_TINY_GPT_PLUGIN_PATH;
+  // A: its layer names, trigger message and file name carry a line break each.
+  const std::string layer = "blocks.1\nFORGED layer";
+  v1::Capsule a = c;
+  for (auto& l : *a.mutable_numerics()->mutable_layers()) {
+    if (l.name() == "blocks.1") l.set_name(layer);
+  }
+  a.mutable_numerics()->set_first_anomalous_layer(layer);
+  for (std::string& name : *a.mutable_model()->mutable_layers()) {
+    if (name == "blocks.1") name = layer;
+  }
+  a.mutable_trigger()->set_message("loss is nan\nFORGED trigger");
+  const std::string a_path = dir.path() + "/a\nFORGED file.capsule";
+  WriteUnsigned(a_path, a);
+  // B: its torch version (quoted by the version check, and by its warning under --force).
+  v1::Capsule b = c;
+  b.mutable_environment()->set_torch_version(c.environment().torch_version() + "\nFORGED torch");
+  const std::string b_path = dir.path() + "/b.capsule";
+  WriteUnsigned(b_path, b);
+  // C: its model's registry name (quoted by the "not registered" error).
+  v1::Capsule m = c;
+  m.mutable_model()->set_registry_name("tiny_gpt\nFORGED model");
+  WriteUnsigned(dir.path() + "/c.capsule", m);
+
+  CommandResult r = RunCli("gate " + Quoted(dir.path()) + plugin + " --allow-unsigned");
+  EXPECT_EQ(r.status, 2) << r.output;  // B and C cannot be judged
+  ExpectNoForgedLine("gate", r);
+  ExpectShown("gate", r, "a\\nFORGED file.capsule");
+  ExpectShown("gate", r, "blocks.1\\nFORGED layer");
+  ExpectShown("gate", r, "\\nFORGED torch");
+  ExpectShown("gate", r, "tiny_gpt\\nFORGED model");
+  EXPECT_NE(r.output.find("\ngate: 0 of 3 capsules no longer fail; 1 still fail, 2 could not be "
+                          "judged\n"),
+            std::string::npos)
+      << r.output;
+
+  r = RunCli("replay " + Quoted(a_path) + plugin + " --allow-unsigned");
+  EXPECT_EQ(r.status, 1) << r.output;  // NUMERICS at blocks.1
+  ExpectNoForgedLine("replay", r);
+  ExpectShown("replay", r, "replay: capsule replay " + dir.path() + "/a\\nFORGED file.capsule");
+
+  r = RunCli("replay " + Quoted(b_path) + plugin + " --allow-unsigned --force");
+  EXPECT_EQ(r.status, 1) << r.output;
+  ExpectNoForgedLine("replay --force", r);
+  ExpectShown("replay --force", r, "warning: capsule was recorded with torch ");
+  ExpectShown("replay --force", r, "\\nFORGED torch");
+
+  r = RunCli("replay " + Quoted(dir.path() + "/c.capsule") + plugin + " --allow-unsigned");
+  EXPECT_EQ(r.status, 2) << r.output;
+  ExpectNoForgedLine("replay of an unknown model", r);
+  ExpectShown("replay of an unknown model", r, "tiny_gpt\\nFORGED model");
+
+  // The report path: replay --json, then the Markdown report that includes it.
+  const std::string json = dir.path() + "/replay.json";
+  r = RunCli("replay " + Quoted(a_path) + plugin + " --allow-unsigned --json",
+             /*with_stderr=*/false);
+  EXPECT_EQ(r.status, 1) << r.output;
+  {
+    std::ofstream out(json);
+    out << r.output;
+  }
+  r = RunCli("report " + Quoted(a_path) + " --allow-unsigned --replay-json " + Quoted(json));
+  EXPECT_EQ(r.status, 0) << r.output;
+  ExpectNoForgedLine("report --replay-json", r);
+  EXPECT_NE(r.output.find("FORGED layer"), std::string::npos) << r.output;
+
+  r = RunCli("stress " + Quoted(b_path) + " --layer blocks.0" + plugin +
+             " --allow-unsigned --force");
+  EXPECT_TRUE(r.status == 0 || r.status == 1) << r.output;
+  ExpectNoForgedLine("stress", r);
+  ExpectShown("stress", r, "note: capsule was recorded with torch ");
+  ExpectShown("stress", r, "\\nFORGED torch");
+}
+
+TEST_F(ReplayCapsuleTest, ALibraryThatEndsTheProcessIsAnErrorNotAFinding) {
+  // The model's factory calls exit(1), as OpenMP does when it cannot start its threads: replay
+  // and gate judged nothing, and say so with exit status 2.
+  v1::Capsule c = RecordOne({}, 2, /*capture_at=*/1);
+  c.mutable_model()->set_registry_name("exits_on_build");
+  TempDir dir;
+  WriteUnsigned(dir.path() + "/exits.capsule", c);
+  const std::string plugin = std::string(" --plugin ") + CAPSULE_EXITING_PLUGIN_PATH;
+  for (const std::string& command :
+       {"replay " + Quoted(dir.path() + "/exits.capsule"), "gate " + Quoted(dir.path())}) {
+    const CommandResult r = RunCli(command + plugin + " --allow-unsigned");
+    EXPECT_EQ(r.status, 2) << command << ":\n" << r.output;
+    EXPECT_NE(r.output.find("capsule: a library ended the process before the command finished"),
+              std::string::npos)
+        << command << ":\n"
+        << r.output;
+  }
+}
+
+// The CPUs this process may run on, as sched_getaffinity says.
+int AffinityCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+TEST_F(ReplayCapsuleTest, ThreadsBeyondTheUsableCpusAreNotStartedAndTheReportSaysSo) {
+  v1::Capsule c = RecordOne({}, 2, /*capture_at=*/1);
+  c.mutable_environment()->set_intra_op_threads(kMaxThreads);
+  c.mutable_numerics()->set_intra_op_threads(kMaxThreads);
+  ASSERT_TRUE(ValidateCapsule(c).ok());  // the largest count a capsule may hold
+  auto r = Replay(c);
+  at::set_num_threads(1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const int usable = std::min(AffinityCpus(), kMaxThreads);
+  EXPECT_EQ(r->intra_op_threads(), usable);
+  ASSERT_GE(r->warnings_size(), 1);
+  EXPECT_NE(r->warnings(0).find("recorded with 1024 intra-op threads; this process may use " +
+                                std::to_string(usable) + " CPUs and replays with " +
+                                std::to_string(usable) + " threads"),
+            std::string::npos)
+      << r->warnings(0);
+}
+
+TEST_F(ReplayCapsuleTest, WeightsThatAreNotTheRecordedOnesAreRefusedBeforeTheModelIsBuilt) {
+  v1::Capsule c = RecordOne({}, 2, /*capture_at=*/1);
+  // One weight changed (its blob digest kept consistent, so the capsule is valid), and a config
+  // that asks for a model larger than the one recorded.
+  for (v1::TensorBlob& t : *c.mutable_tensors()) {
+    if (t.role() != v1::PARAMETER) continue;
+    (*t.mutable_data())[0] ^= 0x01;
+    t.set_sha256(Sha256Hex(t.data()));
+    break;
+  }
+  tiny_gpt::TinyGptConfig bigger;
+  bigger.n_layers = 8;
+  bigger.d_model = 256;
+  c.mutable_model()->set_config_json(bigger.ToJson());
+  ASSERT_TRUE(ValidateCapsule(c).ok()) << ValidateCapsule(c);
+  ModelRegistry tiny;
+  tiny_gpt::RegisterTinyGpt(tiny);
+  int built = 0;
+  ModelRegistry counting;
+  ASSERT_TRUE(counting
+                  .Register("tiny_gpt",
+                            [&](const ModelSpecInfo& spec) {
+                              ++built;
+                              return tiny.Create(spec);
+                            })
+                  .ok());
+  auto r = ReplayCapsule(c, counting, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("weights from the capsule have model sha256"),
+            std::string::npos)
+      << r.status();
+  EXPECT_EQ(built, 0) << "the model was built before its weights were checked";
 }
 
 }  // namespace

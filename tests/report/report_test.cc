@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 
 #include "capsule/base/file_util.h"
@@ -277,6 +278,23 @@ TEST(ReportEscapingTest, TerminalControlsAndBidiNeverReachMarkdownOrHtml) {
   // Shown as the text "\x1b[1A\r\x1b[2K" (Markdown escapes the backslashes and brackets).
   EXPECT_NE(md.find("\\\\x1b\\[1A\\\\r\\\\x1b\\[2K"), std::string::npos);
   EXPECT_NE(html.find("\\u202egpj.exe"), std::string::npos);
+}
+
+TEST(ReportEscapingTest, ALogRecordWithALineBreakStaysOneLineInMarkdownAndHtml) {
+  // The trainer's log is shown one record per line: a record cannot add lines of its own.
+  v1::Capsule c = golden::MakeFullCapsule();
+  c.mutable_log()->add_lines("step 5 loss nan\nFORGED step 6 loss 2.1");
+  c.mutable_log()->set_error("boom\nFORGED error: none");
+  const ReportModel m = ModelOf(c, SignatureState::kVerified, ReportOptions());
+  for (const std::string& out : {RenderMarkdown(m), RenderHtml(m)}) {
+    std::istringstream lines(out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      EXPECT_NE(line.rfind("FORGED", 0), 0u) << "a line of its own: " << line;
+    }
+    EXPECT_NE(out.find("step 5 loss nan\\nFORGED step 6 loss 2.1"), std::string::npos) << out;
+    EXPECT_NE(out.find("error: boom\\nFORGED error: none"), std::string::npos) << out;
+  }
 }
 
 TEST(ReportEscapingTest, MarkdownNeitherLinksNorMentionsNorBreaksCodeSpans) {

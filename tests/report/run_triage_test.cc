@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -127,9 +129,16 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
+// The command line under test: CAPSULE_BIN from the environment when set (to run these checks
+// against another build), else this build's.
+std::string CapsuleBin() {
+  const char* bin = std::getenv("CAPSULE_BIN");
+  return bin != nullptr && *bin != '\0' ? bin : CAPSULE_BIN;
+}
+
 CommandResult RunCli(const std::string& args) {
   CommandResult r;
-  FILE* p = popen((std::string(CAPSULE_BIN) + " " + args + " 2>&1").c_str(), "r");
+  FILE* p = popen((CapsuleBin() + " " + args + " 2>&1").c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
   size_t n;
@@ -171,14 +180,15 @@ class RunTriageTest : public ::testing::TestWithParam<int> {
 
   // The analysis on the messages, named as Write names the files.
   v1::RunTriage Analyse(const std::vector<v1::Capsule>& run,
-                        const std::vector<UnreadableCapsule>& unreadable = {},
+                        const std::vector<std::pair<std::string, std::string>>& unreadable = {},
                         const std::string& run_id = "") {
-    std::vector<RunCapsule> capsules;
-    for (const v1::Capsule& c : run) capsules.push_back({dir_ + "/" + FileName(c), &c});
+    RunTriageInput input;
+    for (const v1::Capsule& c : run) input.Add(dir_ + "/" + FileName(c), c);
+    for (const auto& [path, reason] : unreadable) input.AddUnreadable(path, reason);
     RunTriageOptions options;
     options.dir = dir_;
     options.run_id = run_id;
-    return *TriageRun(capsules, unreadable, options);
+    return *TriageRun(input, options);
   }
 
   // `capsule triage` on the folder, trusting the test key.
@@ -260,8 +270,10 @@ TEST_P(RunTriageTest, OneCapsuleSpeaksForARankThatWroteNone) {
   EXPECT_EQ(t.findings(0).check(), "gradients.first_bad_rank");
   EXPECT_EQ(Ranks(t.findings(0)), std::vector<int>{last()});
   EXPECT_EQ(t.findings(0).step(), 1);
-  ASSERT_EQ(t.ranks_missing_size(), 1);
-  EXPECT_EQ(t.ranks_missing(0), last());
+  ASSERT_EQ(t.missing_size(), 1);
+  EXPECT_EQ(t.missing(0).first(), last());
+  EXPECT_EQ(t.missing(0).last(), last());
+  EXPECT_EQ(t.missing_count(), 1);
 }
 
 TEST_P(RunTriageTest, NonFiniteOnEveryRankIsAReplicatedBug) {
@@ -539,8 +551,10 @@ TEST_P(RunTriageTest, AMissingRankIsUndecidedNotGuessed) {
   const v1::RunTriage t = Analyse(run);
   EXPECT_EQ(t.outcome(), v1::TRIAGE_UNDECIDED) << RenderRunTriageText(t);
   EXPECT_EQ(t.findings_size(), 0) << RenderRunTriageText(t);
-  ASSERT_EQ(t.ranks_missing_size(), 1);
-  EXPECT_EQ(t.ranks_missing(0), last());
+  ASSERT_EQ(t.missing_size(), 1);
+  EXPECT_EQ(t.missing(0).first(), last());
+  EXPECT_EQ(t.missing(0).last(), last());
+  EXPECT_EQ(t.missing_count(), 1);
   ASSERT_GE(t.undecided_size(), 1);
   bool hang = false;
   for (const auto& u : t.undecided()) {
@@ -573,7 +587,10 @@ TEST_P(RunTriageTest, EveryPresentRankWaitingOnAMissingRankIsADeadPeer) {
   const v1::RunTriage t = Analyse(run);
   ASSERT_GE(t.findings_size(), 1) << RenderRunTriageText(t);
   EXPECT_EQ(t.findings(0).check(), "hang.dead_peer");
-  EXPECT_EQ(Ranks(t.findings(0)), std::vector<int>{last()});
+  EXPECT_TRUE(Ranks(t.findings(0)).empty());
+  ASSERT_EQ(t.findings(0).missing_size(), 1);
+  EXPECT_EQ(t.findings(0).missing(0).first(), last());
+  EXPECT_EQ(t.findings(0).missing(0).last(), last());
   EXPECT_EQ(t.findings(0).sequence(), 7u);
   EXPECT_NE(t.findings(0).detail().find("Connection closed by peer"), std::string::npos);
 }
@@ -652,6 +669,86 @@ TEST_P(RunTriageTest, CapsuleTextIsEscaped) {
   EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
   EXPECT_NE(text.find("grads\\x1b[2K\\nrank 0: OK"), std::string::npos) << text;
   Only(t, "hang.mismatch");
+}
+
+TEST_P(RunTriageTest, AClaimedWorldSizeCostsWhatTheCapsulesPresentCost) {
+  // Every capsule claims a million ranks; only world() wrote one. The missing ones are one range,
+  // in the result and in the text, not a million numbers.
+  constexpr int kClaimed = 1000000;
+  std::vector<v1::Capsule> run = CleanRun(world());
+  for (v1::Capsule& c : run) c.mutable_placement()->set_world_size(kClaimed);
+  const v1::RunTriage t = Analyse(run);
+  EXPECT_EQ(t.world_size(), kClaimed);
+  EXPECT_EQ(t.ranks_present_size(), world());
+  ASSERT_EQ(t.missing_size(), 1);
+  EXPECT_EQ(t.missing(0).first(), world());
+  EXPECT_EQ(t.missing(0).last(), kClaimed - 1);
+  EXPECT_EQ(t.missing_count(), kClaimed - world());
+  const std::string text = RenderRunTriageText(t);
+  EXPECT_LT(text.size(), 8192u) << text.substr(0, 2000);
+  EXPECT_NE(
+      text.find("cannot decide: no capsule from ranks " + std::to_string(world()) + "..999999"),
+      std::string::npos)
+      << text;
+  EXPECT_LT(RenderRunTriageJson(t).size(), 8192u);
+
+  Write(run);
+  CommandResult r = Cli();
+  EXPECT_EQ(r.status, 2) << r.output.substr(0, 2000);
+  EXPECT_LT(r.output.size(), 8192u) << r.output.substr(0, 2000);
+  EXPECT_NE(r.output.find("missing: ranks " + std::to_string(world()) + "..999999 (" +
+                          std::to_string(kClaimed - world()) + " ranks)"),
+            std::string::npos)
+      << r.output.substr(0, 2000);
+  r = Cli(" --json");
+  EXPECT_LT(r.output.size(), 8192u) << r.output.substr(0, 2000);
+  EXPECT_NE(r.output.find("\"missing_count\":" + std::to_string(kClaimed - world())),
+            std::string::npos)
+      << r.output.substr(0, 2000);
+}
+
+TEST_P(RunTriageTest, TheLargestWorldSizeAndSequenceNumbersAreTriagedInTheirEntriesTime) {
+  // 2^31 - 1 ranks claimed (no reader lets such a capsule through; the analysis must not depend
+  // on that), and one rank whose ring ends at the last sequence number there is: the ranks
+  // present and the entries they hold are what the triage visits.
+  std::vector<v1::Capsule> run = CleanRun(world());
+  for (v1::Capsule& c : run) {
+    c.mutable_placement()->set_world_size(std::numeric_limits<int32_t>::max());
+  }
+  v1::Collective* far = AddCollective(run[last()].mutable_distributed(),
+                                      std::numeric_limits<uint64_t>::max(), "grads", 1024, kSteps);
+  far->set_state(v1::ENQUEUED);
+  const v1::RunTriage t = Analyse(run);
+  EXPECT_EQ(t.world_size(), std::numeric_limits<int32_t>::max());
+  ASSERT_EQ(t.missing_size(), 1);
+  EXPECT_EQ(t.missing(0).first(), world());
+  EXPECT_EQ(t.missing(0).last(), std::numeric_limits<int32_t>::max() - 1);
+  EXPECT_EQ(t.ranks(last()).last_enqueued(), std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(t.findings_size(), 0) << RenderRunTriageText(t);
+  EXPECT_EQ(t.outcome(), v1::TRIAGE_UNDECIDED) << RenderRunTriageText(t);
+  EXPECT_LT(RenderRunTriageText(t).size(), 8192u);
+}
+
+TEST_P(RunTriageTest, TheInputKeepsWhatItNeedsAndNotTheCapsule) {
+  // Each capsule is dropped once added: the analysis must not read it afterwards, and what it
+  // keeps of it is the small part it reads, not the tensors.
+  std::vector<v1::Capsule> run = CleanRun(world());
+  SetLocal(run, last(), 2, std::nan(""), 7);
+  RunTriageInput input;
+  for (const v1::Capsule& c : run) {
+    auto copy = std::make_unique<v1::Capsule>(c);
+    v1::TensorBlob& big = *copy->add_tensors();
+    big.set_name("weights");
+    big.mutable_data()->assign(1 << 20, '\x7f');
+    input.Add(dir_ + "/" + FileName(c), *copy);
+    copy.reset();
+  }
+  RunTriageOptions options;
+  options.dir = dir_;
+  const v1::RunTriage t = *TriageRun(input, options);
+  const v1::TriageFinding& f = Only(t, "gradients.first_bad_rank");
+  EXPECT_EQ(Ranks(f), std::vector<int>{last()});
+  EXPECT_EQ(f.capsule(), dir_ + "/" + FileName(run[last()]));
 }
 
 TEST(RunTriageCliTest, AFolderWithoutCapsulesOrThatDoesNotExistExitsTwo) {
