@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -49,20 +50,50 @@ StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
   return b;
 }
 
-// The checkpoint a capsule names (model.weights_reference), refused unless every tensor's hash
-// is the recorded one.
-StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c,
-                                                            const ReplayOptions& options,
-                                                            v1::ReplayReport& report) {
-  const v1::WeightsReference& ref = c.model().weights_reference();
-  const std::string path = options.checkpoint_path.empty() ? ref.path() : options.checkpoint_path;
-  if (path.empty()) {
+// Where the checkpoint a capsule names is: a relative path is relative to the capsule's own
+// directory (the capture records it so), never to the current directory.
+StatusOr<std::string> ReferencedCheckpointPath(const v1::WeightsReference& ref,
+                                               const ReplayOptions& options) {
+  if (!options.checkpoint_path.empty()) return options.checkpoint_path;
+  const std::string& recorded = ref.path();
+  if (recorded.empty()) {
     return FailedPreconditionError(
         "the capsule names a weights checkpoint whose path was redacted; give the checkpoint's "
         "path");
   }
-  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(path);
-  if (!ckpt.ok()) return ckpt.status().WithContext("the capsule's weights checkpoint");
+  if (recorded[0] == '/') return recorded;
+  if (options.capsule_path.empty()) {
+    return FailedPreconditionError("the capsule names checkpoint " + recorded +
+                                   " relative to its own directory, which is not known here; "
+                                   "give the checkpoint's path");
+  }
+  return (std::filesystem::path(options.capsule_path).parent_path() / recorded).string();
+}
+
+// The checkpoint a capsule names (model.weights_reference). The file must be the one recorded
+// (size and SHA-256, checked before a byte of it is parsed), and every tensor's hash the recorded
+// one (the first that is not is named). With `force` both are warnings.
+StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c,
+                                                            const ReplayOptions& options,
+                                                            v1::ReplayReport& report) {
+  const v1::WeightsReference& ref = c.model().weights_reference();
+  CAPSULE_ASSIGN_OR_RETURN(const std::string path, ReferencedCheckpointPath(ref, options));
+  CheckpointExpectation expected;
+  if (!ref.file_sha256().empty() && !options.force) {
+    expected.size_bytes = ref.size_bytes();
+    expected.file_sha256 = ref.file_sha256();
+  }
+  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(path, expected);
+  if (!ckpt.ok()) {
+    return ckpt.status().WithContext(ckpt.status().code() == StatusCode::kFailedPrecondition
+                                         ? "not the weights checkpoint the capsule names"
+                                         : "the capsule's weights checkpoint");
+  }
+  if (!ref.file_sha256().empty() && ckpt->file_sha256 != ref.file_sha256()) {
+    report.add_warnings("checkpoint " + path + " is not the file the capsule names (sha256 " +
+                        ckpt->file_sha256.substr(0, 16) + "…, recorded " +
+                        ref.file_sha256().substr(0, 16) + "…); its tensors were compared instead");
+  }
   CAPSULE_ASSIGN_OR_RETURN(std::vector<TensorDigestInfo> got, TensorDigests(ckpt->tensors));
   std::vector<TensorDigestInfo> recorded;
   for (const v1::TensorDigest& t : ref.tensors()) {
@@ -81,6 +112,41 @@ StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c
   return std::move(ckpt->tensors);
 }
 
+// The digests of the step's weights that the capsule holds, sorted by name: the parameters it
+// embeds, and the checkpoint it names when that held the step's weights.
+std::vector<TensorDigestInfo> RecordedDigests(const v1::Capsule& c) {
+  std::map<std::string, TensorDigestInfo> by_name;
+  if (c.model().has_weights_reference() && c.model().weights_reference().matches_step()) {
+    for (const v1::TensorDigest& t : c.model().weights_reference().tensors()) {
+      by_name[t.name()] = {t.name(), t.dtype(), {t.shape().begin(), t.shape().end()}, t.sha256()};
+    }
+  }
+  for (const v1::TensorBlob& t : c.tensors()) {
+    StatusOr<at::ScalarType> type = ScalarTypeFromDType(t.meta().dtype());
+    if (t.role() != v1::PARAMETER || !type.ok()) continue;
+    by_name[t.name()] = {t.name(),
+                         std::string(c10::toString(*type)),
+                         {t.meta().shape().begin(), t.meta().shape().end()},
+                         t.sha256()};
+  }
+  std::vector<TensorDigestInfo> out;
+  for (auto& [name, d] : by_name) out.push_back(std::move(d));
+  return out;
+}
+
+// Which of the model's tensors makes its hash differ from the capsule's, as far as the digests
+// the capsule holds can tell.
+std::string WhichTensorDiffers(const v1::Capsule& c, Model& model) {
+  const std::vector<TensorDigestInfo> recorded = RecordedDigests(c);
+  if (recorded.empty()) return "the capsule holds no tensor digest to say which tensor differs";
+  StatusOr<std::vector<TensorDigestInfo>> actual = TensorDigests(model.NamedParameters());
+  if (!actual.ok()) return actual.status().message();
+  const std::string differs = FirstDigestDifference(recorded, *actual, DigestCoverage::kSome);
+  if (!differs.empty()) return differs;
+  return "the " + std::to_string(recorded.size()) +
+         " tensors whose digests the capsule holds agree; another one differs";
+}
+
 Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& model,
                    v1::ReplayReport& report) {
   std::vector<NamedTensor> params;
@@ -95,8 +161,9 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
     source = options.weights_path;
   } else if (c.model().weight_policy() != v1::WEIGHTS_ALL && c.model().has_weights_reference()) {
     CAPSULE_ASSIGN_OR_RETURN(params, LoadReferencedCheckpoint(c, options, report));
-    source = "checkpoint " + (options.checkpoint_path.empty() ? c.model().weights_reference().path()
-                                                              : options.checkpoint_path);
+    CAPSULE_ASSIGN_OR_RETURN(const std::string path,
+                             ReferencedCheckpointPath(c.model().weights_reference(), options));
+    source = "checkpoint " + path;
   } else {
     if (c.model().weight_policy() != v1::WEIGHTS_ALL) {
       return FailedPreconditionError(
@@ -113,7 +180,8 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, Model& mo
   if (!c.identity().model_sha256().empty() && hash != c.identity().model_sha256()) {
     const std::string msg = "weights from " + source + " have model sha256 " + hash.substr(0, 16) +
                             "…, the capsule was recorded with " +
-                            c.identity().model_sha256().substr(0, 16) + "…";
+                            c.identity().model_sha256().substr(0, 16) +
+                            "…: " + WhichTensorDiffers(c, model);
     if (!options.force) {
       return FailedPreconditionError(msg + "; these are another model's weights");
     }
