@@ -31,6 +31,8 @@ struct RerunFacts {
   bool force = false;                  // ... and it was given
   bool has_weights = false;            // the subcommand has --weights (replay)
   bool weights = false;                // ... and it was given
+  bool checkpoint_named = false;       // the capsule names a weights checkpoint
+  bool checkpoint = false;             // --checkpoint was given
 };
 
 // The flag that gets round `status`, a refusal of ReplayCapsule or ExtractLayer, in words for

@@ -47,6 +47,7 @@ int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
   if (!loaded) return rc;
   MinimizeOptions options;
   options.max_replays = o.max_replays;
+  options.replay.capsule_path = o.file;
   const bool tty = ::isatty(2);
   if (tty) {
     options.progress = [](const std::string& line) {
