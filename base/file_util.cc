@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <limits>
 #include <mutex>
 
 namespace capsule {
@@ -166,6 +167,62 @@ StatusOr<RegularFile> ReadRegularFile(const std::string& path, uint64_t max_byte
 StatusOr<std::string> ReadFileBytes(const std::string& path, uint64_t max_bytes) {
   CAPSULE_ASSIGN_OR_RETURN(RegularFile file, ReadRegularFile(path, max_bytes));
   return std::move(file.bytes);
+}
+
+StatusOr<RandomAccessFile> RandomAccessFile::Open(const std::string& path) {
+  // O_NONBLOCK as in ReadRegularFile: fstat decides before anything can block.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (fd.get() < 0) return ErrnoError(errno, "cannot open", path);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, "cannot stat", path);
+  if (!S_ISREG(st.st_mode)) return NotRegular(path, st.st_mode);
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoError(errno, "cannot read", path);
+  }
+  return RandomAccessFile(fd.Release(), static_cast<uint64_t>(st.st_size), path);
+}
+
+RandomAccessFile::RandomAccessFile(RandomAccessFile&& other) noexcept
+    : fd_(other.fd_), size_(other.size_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+RandomAccessFile& RandomAccessFile::operator=(RandomAccessFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    size_ = other.size_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+RandomAccessFile::~RandomAccessFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status RandomAccessFile::ReadAt(uint64_t offset, size_t n, char* out) const {
+  size_t done = 0;
+  while (done < n) {
+    const uint64_t at = offset + done;
+    if (at < offset || at > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+      return OutOfRangeError(path_ + " ends before offset " + std::to_string(offset));
+    }
+    const ssize_t got = ::pread(fd_, out + done, n - done, static_cast<off_t>(at));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, "cannot read", path_);
+    }
+    if (got == 0) {
+      return OutOfRangeError(path_ + " ends at byte " + std::to_string(at) + ", before the " +
+                             std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+                             " (it shrank while being read?)");
+    }
+    done += static_cast<size_t>(got);
+  }
+  return Status::Ok();
 }
 
 bool SameFile(const std::string& a, const std::string& b) {

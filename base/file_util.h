@@ -1,4 +1,5 @@
-// Whole-file reads and crash-safe whole-file writes: the one output-file policy of capsule.
+// Whole-file reads and crash-safe whole-file writes: the one output-file policy of capsule; and
+// RandomAccessFile, for files too large to hold whole (checkpoints).
 //
 // ReadFileBytes opens without blocking (a FIFO or a terminal never hangs the reader) and refuses
 // anything that is not a regular file. WriteFileAtomic writes a uniquely named temporary file in
@@ -24,6 +25,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "capsule/base/status.h"
 
@@ -43,6 +45,38 @@ struct RegularFile {
 StatusOr<RegularFile> ReadRegularFile(const std::string& path, uint64_t max_bytes);
 // ReadRegularFile(path, max_bytes).bytes.
 StatusOr<std::string> ReadFileBytes(const std::string& path, uint64_t max_bytes);
+
+// A regular file read at any offset, never whole: how a checkpoint of many gigabytes is hashed
+// and its tensors read straight into their own memory. Opened as ReadRegularFile opens (a FIFO or a
+// device is refused without blocking).
+//
+//   CAPSULE_ASSIGN_OR_RETURN(capsule::RandomAccessFile f, capsule::RandomAccessFile::Open(path));
+//   CAPSULE_RETURN_IF_ERROR(f.ReadAt(offset, n, buffer));
+class RandomAccessFile {
+ public:
+  // kNotFound when missing, kPermissionDenied, kInvalidArgument "PATH is not a regular file (a
+  // fifo)" as ReadRegularFile.
+  static StatusOr<RandomAccessFile> Open(const std::string& path);
+  RandomAccessFile(RandomAccessFile&& other) noexcept;
+  RandomAccessFile& operator=(RandomAccessFile&& other) noexcept;
+  RandomAccessFile(const RandomAccessFile&) = delete;
+  RandomAccessFile& operator=(const RandomAccessFile&) = delete;
+  ~RandomAccessFile();
+
+  // The size when it was opened.
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Exactly `n` bytes from `offset` into `out`. kOutOfRange when the file ends first (it shrank
+  // since it was opened, or the range is past size()).
+  Status ReadAt(uint64_t offset, size_t n, char* out) const;
+
+ private:
+  RandomAccessFile(int fd, uint64_t size, std::string path)
+      : fd_(fd), size_(size), path_(std::move(path)) {}
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string path_;
+};
 
 // True when `a` and `b` both exist and are the same file (same device and inode, following
 // symbolic links): how a command detects that its output would overwrite its own input.

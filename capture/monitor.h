@@ -81,10 +81,11 @@ struct MonitorOptions {
   uint64_t max_weight_bytes = uint64_t{256} << 20;
   // The checkpoint file holding the weights the trainer runs with (the one it loaded, or one it
   // just saved; Monitor::SetWeightsCheckpoint changes it): a state dict saved by torch.save or
-  // torch::pickle_save, or a torch::save archive (probe/checkpoint.h). A capsule that does not
-  // embed every weight names it (path, size, each tensor's hash, and whether it still holds this
-  // step's weights) so that replay can load it; a large model's capsule then stays small and
-  // replays in full. Empty: none.
+  // torch::pickle_save, or a TorchScript module archive (probe/checkpoint.h), read as data. A
+  // capsule that does not embed every weight names it (path, size and SHA-256 of the file, each
+  // tensor's hash, and whether it still holds this step's weights) so that replay can load it; a
+  // large model's capsule then stays small and replays in full. A relative path is recorded
+  // relative to capsule_dir, where replay looks for it. Empty: none.
   std::string weights_checkpoint;
 
   // Scalar history kept (and stored in capsules) and log lines kept.

@@ -57,6 +57,14 @@ std::string RerunRemedy(const Status& status, const RerunFacts& f) {
     case StatusCode::kFailedPrecondition:
       // In the order replay checks them: environment, weights, then the batch.
       if (f.torch_version_differs && !f.force) return f.has_force ? "--force to go on anyway" : "";
+      if (f.checkpoint_named && !f.weights && !f.tokens_redacted) {
+        // The checkpoint it names is not the recorded file, its tensors differ, or its path is
+        // unknown here.
+        if (!f.has_force || f.force) return "";
+        return f.checkpoint ? "--force to replay with this checkpoint anyway"
+                            : "--checkpoint PT for the file it names, or --force to replay with "
+                              "this one anyway";
+      }
       if (!f.weights_embedded && !f.weights) {
         // A model over max_weight_bytes (256 MiB) is captured without its weights: say both
         // ways to replay it whole.

@@ -33,6 +33,8 @@ struct RerunFacts {
   bool force = false;                  // ... and it was given
   bool has_weights = false;            // the subcommand has --weights (replay)
   bool weights = false;                // ... and it was given
+  bool checkpoint_named = false;       // the capsule names a weights checkpoint
+  bool checkpoint = false;             // --checkpoint was given
 };
 
 // How this process's command line was started (cli.h): set by Main, read by the commands that

@@ -64,7 +64,9 @@ int RunGateCommand(const GateCliOptions& o, ModelRegistry& registry) {
       continue;
     }
     const v1::Capsule& c = *loaded->decoded.capsule;
-    auto report = ReplayCapsule(c, registry, ReplayOptions());
+    ReplayOptions replay;
+    replay.capsule_path = path.string();  // a checkpoint it names relative to itself
+    auto report = ReplayCapsule(c, registry, replay);
     if (!report.ok()) {
       e.set_error(std::string(report.status().message()));
       gate.set_errors(gate.errors() + 1);

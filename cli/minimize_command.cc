@@ -49,6 +49,7 @@ int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
   if (!loaded) return rc;
   MinimizeOptions options;
   options.max_replays = o.max_replays;
+  options.replay.capsule_path = o.file;
   options.progress = ProgressLine("minimize");  // null unless standard error is a terminal
   auto result = MinimizeCapsule(*loaded->decoded.capsule, registry, options);
   if (options.progress) ClearProgressLine();

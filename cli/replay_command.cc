@@ -219,6 +219,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   ReplayOptions options;
   options.weights_path = o.weights;
   options.checkpoint_path = o.checkpoint;
+  options.capsule_path = o.file;
   options.force = o.force;
   options.repeat = o.repeat;
   options.forward = o.phase != "backward";
@@ -259,6 +260,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
     facts.has_force = facts.has_weights = true;
     facts.force = o.force;
     facts.weights = !o.weights.empty();
+    facts.checkpoint = !o.checkpoint.empty();
     PrintError(report.status(), RerunRemedy(report.status(), facts));
     return kExitError;
   }

@@ -35,6 +35,7 @@ RerunFacts RerunFactsOf(const v1::Capsule& c, const ModelRegistry& registry) {
       !c.environment().torch_version().empty() && c.environment().torch_version() != TorchVersion();
   f.python_capsule = WrittenFromPython(c);
   f.weights_embedded = c.model().weight_policy() == v1::WEIGHTS_ALL;
+  f.checkpoint_named = !f.weights_embedded && c.model().has_weights_reference();
   for (const auto& s : c.data().sequences()) f.tokens_redacted |= !s.token_ids_sha256().empty();
   return f;
 }

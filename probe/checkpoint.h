@@ -1,13 +1,13 @@
 // Checkpoints: the files of named tensors a LibTorch or PyTorch user already has, read and written
 // so that a capsule can name one instead of embedding every weight (WeightsReference).
 //
-// Two formats are read: the pickle archive Python's torch.save writes for a state dict saved as a
-// plain dict (torch.save(dict(model.state_dict()), path); LibTorch's unpickler reads the
-// OrderedDict that model.state_dict() returns as None, and the error says so), and
-// torch::pickle_save of a c10::Dict<std::string, at::Tensor>, read through LibTorch's unpickler;
-// and the archive torch::serialize::OutputArchive (torch::save of a module or of named tensors)
-// writes, whose nested modules become dotted names. SaveCheckpoint writes the first, which both
-// Python's torch.load and this reader open.
+// Read as data only (checkpoint/checkpoint_index.h): a state dict saved by Python's torch.save
+// (model.state_dict() itself, an OrderedDict, or a plain dict), torch::pickle_save of a
+// c10::Dict<std::string, at::Tensor>, and a TorchScript module archive (torch.jit.save,
+// torch::serialize::OutputArchive), whose attributes are read from its data.pkl, nested modules
+// as dotted names, and whose code never runs. The file is hashed before it is parsed, and refused
+// before any parse when it is not the file the caller expects. SaveCheckpoint writes a dict that
+// both Python's torch.load and this reader open.
 //
 //   CAPSULE_ASSIGN_OR_RETURN(LoadedCheckpoint ckpt, LoadCheckpoint("model.pt"));
 //   CAPSULE_ASSIGN_OR_RETURN(auto digests, TensorDigests(ckpt.tensors));
@@ -26,15 +26,28 @@
 namespace capsule {
 
 struct LoadedCheckpoint {
-  std::vector<NamedTensor> tensors;  // in the file's order
+  std::vector<NamedTensor> tensors;  // in the file's order; views of one storage share it
   std::string format;                // "torch_pickle" or "torch_archive"
   int64_t size_bytes = 0;
   std::string file_sha256;
 };
 
-// kNotFound / kPermissionDenied for the file; kInvalidArgument naming the file when it is neither
-// format or holds something other than named tensors.
-StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path);
+// The file a caller expects, checked before a byte of it is parsed (a capsule's
+// WeightsReference). Unset fields are not checked.
+struct CheckpointExpectation {
+  int64_t size_bytes = -1;
+  std::string file_sha256;  // 64 lowercase hex
+};
+
+// Hashes the file (streamed, never held whole), compares it with `expected`, then reads its index
+// and each storage straight into its tensor's memory: peak memory is the tensors, not the file.
+// kNotFound / kPermissionDenied for the file; kFailedPrecondition when its size or SHA-256 is not
+// the expected one (nothing parsed); kResourceExhausted over the size limit (1 TiB) or when the
+// tensors cannot be allocated; and the codes of ReadCheckpointIndex (kInvalidArgument for what is
+// not a state dict or a module archive, naming the opcode or global, ...), each message naming
+// the file.
+StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
+                                          const CheckpointExpectation& expected = {});
 
 // Writes `tensors` as a state-dict pickle archive, atomically (a temporary file renamed).
 Status SaveCheckpoint(const std::string& path, const std::vector<NamedTensor>& tensors);
@@ -51,11 +64,16 @@ struct TensorDigestInfo {
 // does not name (a complex tensor).
 StatusOr<std::vector<TensorDigestInfo>> TensorDigests(const std::vector<NamedTensor>& tensors);
 
+// Whether a recorded digest list names every tensor (a checkpoint's) or only some (the ones a
+// capsule embeds): then tensors it does not name are not differences.
+enum class DigestCoverage { kAll, kSome };
+
 // The first difference between two name-sorted digest lists, as a sentence naming the tensor
-// ("tensor 'blocks.2.mlp.fc1.weight' differs: sha256 1a2b... expected 3c4d..."); empty when they
-// are equal.
+// ("tensor 'blocks.2.mlp.fc1.weight' differs: sha256 1a2b..., recorded 3c4d..."); empty when they
+// agree.
 std::string FirstDigestDifference(const std::vector<TensorDigestInfo>& expected,
-                                  const std::vector<TensorDigestInfo>& actual);
+                                  const std::vector<TensorDigestInfo>& actual,
+                                  DigestCoverage coverage = DigestCoverage::kAll);
 
 }  // namespace capsule
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -50,20 +51,50 @@ StatusOr<LayerBatch> LoadBatch(const v1::Capsule& c) {
   return b;
 }
 
-// The checkpoint a capsule names (model.weights_reference), refused unless every tensor's hash
-// is the recorded one.
-StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c,
-                                                            const ReplayOptions& options,
-                                                            v1::ReplayReport& report) {
-  const v1::WeightsReference& ref = c.model().weights_reference();
-  const std::string path = options.checkpoint_path.empty() ? ref.path() : options.checkpoint_path;
-  if (path.empty()) {
+// Where the checkpoint a capsule names is: a relative path is relative to the capsule's own
+// directory (the capture records it so), never to the current directory.
+StatusOr<std::string> ReferencedCheckpointPath(const v1::WeightsReference& ref,
+                                               const ReplayOptions& options) {
+  if (!options.checkpoint_path.empty()) return options.checkpoint_path;
+  const std::string& recorded = ref.path();
+  if (recorded.empty()) {
     return FailedPreconditionError(
         "the capsule names a weights checkpoint whose path was redacted; give the checkpoint's "
         "path");
   }
-  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(path);
-  if (!ckpt.ok()) return ckpt.status().WithContext("the capsule's weights checkpoint");
+  if (recorded[0] == '/') return recorded;
+  if (options.capsule_path.empty()) {
+    return FailedPreconditionError("the capsule names checkpoint " + recorded +
+                                   " relative to its own directory, which is not known here; "
+                                   "give the checkpoint's path");
+  }
+  return (std::filesystem::path(options.capsule_path).parent_path() / recorded).string();
+}
+
+// The checkpoint a capsule names (model.weights_reference). The file must be the one recorded
+// (size and SHA-256, checked before a byte of it is parsed), and every tensor's hash the recorded
+// one (the first that is not is named). With `force` both are warnings.
+StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c,
+                                                            const ReplayOptions& options,
+                                                            v1::ReplayReport& report) {
+  const v1::WeightsReference& ref = c.model().weights_reference();
+  CAPSULE_ASSIGN_OR_RETURN(const std::string path, ReferencedCheckpointPath(ref, options));
+  CheckpointExpectation expected;
+  if (!ref.file_sha256().empty() && !options.force) {
+    expected.size_bytes = ref.size_bytes();
+    expected.file_sha256 = ref.file_sha256();
+  }
+  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(path, expected);
+  if (!ckpt.ok()) {
+    return ckpt.status().WithContext(ckpt.status().code() == StatusCode::kFailedPrecondition
+                                         ? "not the weights checkpoint the capsule names"
+                                         : "the capsule's weights checkpoint");
+  }
+  if (!ref.file_sha256().empty() && ckpt->file_sha256 != ref.file_sha256()) {
+    report.add_warnings("checkpoint " + path + " is not the file the capsule names (sha256 " +
+                        ckpt->file_sha256.substr(0, 16) + "…, recorded " +
+                        ref.file_sha256().substr(0, 16) + "…); its tensors were compared instead");
+  }
   CAPSULE_ASSIGN_OR_RETURN(std::vector<TensorDigestInfo> got, TensorDigests(ckpt->tensors));
   std::vector<TensorDigestInfo> recorded;
   for (const v1::TensorDigest& t : ref.tensors()) {
@@ -86,6 +117,44 @@ StatusOr<std::vector<NamedTensor>> LoadReferencedCheckpoint(const v1::Capsule& c
   return std::move(ckpt->tensors);
 }
 
+// The digests of the step's weights that the capsule holds, sorted by name: the parameters it
+// embeds, and the checkpoint it names when that held the step's weights.
+std::vector<TensorDigestInfo> RecordedDigests(const v1::Capsule& c) {
+  std::map<std::string, TensorDigestInfo> by_name;
+  if (c.model().has_weights_reference() && c.model().weights_reference().matches_step()) {
+    for (const v1::TensorDigest& t : c.model().weights_reference().tensors()) {
+      // One spelling for both sides: older capsules hold LibTorch's name ("Float").
+      by_name[t.name()] = {t.name(),
+                           CanonicalDTypeName(t.dtype()),
+                           {t.shape().begin(), t.shape().end()},
+                           t.sha256()};
+    }
+  }
+  for (const v1::TensorBlob& t : c.tensors()) {
+    if (t.role() != v1::PARAMETER || DTypeElementSize(t.meta().dtype()) == 0) continue;
+    by_name[t.name()] = {t.name(),
+                         DTypeName(t.meta().dtype()),
+                         {t.meta().shape().begin(), t.meta().shape().end()},
+                         t.sha256()};
+  }
+  std::vector<TensorDigestInfo> out;
+  for (auto& [name, d] : by_name) out.push_back(std::move(d));
+  return out;
+}
+
+// Which of `params` makes their hash differ from the capsule's, as far as the digests the capsule
+// holds can tell.
+std::string WhichTensorDiffers(const v1::Capsule& c, const std::vector<NamedTensor>& params) {
+  const std::vector<TensorDigestInfo> recorded = RecordedDigests(c);
+  if (recorded.empty()) return "the capsule holds no tensor digest to say which tensor differs";
+  StatusOr<std::vector<TensorDigestInfo>> actual = TensorDigests(params);
+  if (!actual.ok()) return actual.status().message();
+  const std::string differs = FirstDigestDifference(recorded, *actual, DigestCoverage::kSome);
+  if (!differs.empty()) return differs;
+  return "the " + std::to_string(recorded.size()) +
+         " tensors whose digests the capsule holds agree; another one differs";
+}
+
 // The weights a replay loads, read and checked against the capsule before any model is built: a
 // capsule whose config asks for a huge model is refused for its weights first, when they are
 // not the ones it recorded.
@@ -106,11 +175,10 @@ StatusOr<Weights> ReadWeights(const v1::Capsule& c, const ReplayOptions& options
     CAPSULE_ASSIGN_OR_RETURN(w.params, internal::ParameterTensors(*weights->capsule));
     w.source = options.weights_path;
   } else if (c.model().weight_policy() != v1::WEIGHTS_ALL && c.model().has_weights_reference()) {
-    // Each tensor's digest is checked against the capsule's record here.
     CAPSULE_ASSIGN_OR_RETURN(w.params, LoadReferencedCheckpoint(c, options, report));
-    w.source =
-        "checkpoint " + (options.checkpoint_path.empty() ? c.model().weights_reference().path()
-                                                         : options.checkpoint_path);
+    CAPSULE_ASSIGN_OR_RETURN(const std::string path,
+                             ReferencedCheckpointPath(c.model().weights_reference(), options));
+    w.source = "checkpoint " + path;
   } else {
     if (c.model().weight_policy() != v1::WEIGHTS_ALL) {
       return FailedPreconditionError(
@@ -128,7 +196,8 @@ StatusOr<Weights> ReadWeights(const v1::Capsule& c, const ReplayOptions& options
     CAPSULE_ASSIGN_OR_RETURN(const std::string differs,
                              internal::ModelHashMismatch(c, w.params, w.source));
     if (!differs.empty()) {
-      return FailedPreconditionError(differs + "; these are another model's weights");
+      return FailedPreconditionError(differs + ": " + WhichTensorDiffers(c, w.params) +
+                                     "; these are another model's weights");
     }
   }
   return w;
@@ -141,10 +210,9 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, const Wei
   CAPSULE_ASSIGN_OR_RETURN(const std::string differs,
                            internal::ModelHashMismatch(c, model.NamedParameters(), weights.source));
   if (!differs.empty()) {
-    if (!options.force) {
-      return FailedPreconditionError(differs + "; these are another model's weights");
-    }
-    report.add_warnings(differs);
+    const std::string msg = differs + ": " + WhichTensorDiffers(c, model.NamedParameters());
+    if (!options.force) return FailedPreconditionError(msg + "; these are another model's weights");
+    report.add_warnings(msg);
   }
   // The buffers the capture recorded (BatchNorm's running statistics): an eval-mode model
   // computes with them.

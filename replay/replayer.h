@@ -3,8 +3,9 @@
 // From the capsule alone (plus the model's registry entry) it checks and pins the environment
 // (thread count, at most the CPUs this process may use; deterministic flag; a different torch
 // version is refused unless forced), reads the embedded weights (or those of
-// options.weights_path or the named checkpoint) and checks their canonical hash against the
-// capsule's before it builds the model from the capsule's config, loads them, then:
+// options.weights_path, or the checkpoint the capsule names, whose file hash is checked before it
+// is parsed) and checks their canonical hash against the capsule's before it builds the model
+// from the capsule's config, loads them and the capsule's buffers, then:
 //   1. fidelity: restores the RNG and batch and runs the path the trainer ran; the trigger fires
 //      again bitwise (REPRODUCED_EXACT), approximately, or not at all (NOT_REPRODUCED);
 //   2. reference run: the same step on the REFERENCE path (FP64): does the anomaly show there too?
@@ -55,10 +56,15 @@ struct ReplayOptions {
   // instead of the embedded ones. Its canonical model hash must equal the capsule's.
   std::string weights_path;
   // The checkpoint to load when the capsule names one (model.weights_reference) instead of
-  // embedding every weight; empty: the path it recorded. Each tensor's hash must match the
-  // recorded one (the first that differs is named).
+  // embedding every weight; empty: the path it recorded, a relative one taken from the capsule's
+  // directory (capsule_path). The file's size and SHA-256 must be the recorded ones, checked before
+  // it is parsed, and each tensor's hash the recorded one (the first that differs is named).
   std::string checkpoint_path;
-  // Go on despite a torch version or model hash mismatch (reported as warnings).
+  // The capsule's file, when it was read from one: a relative checkpoint path it records is
+  // resolved against its directory. Empty: such a path is refused (give checkpoint_path).
+  std::string capsule_path;
+  // Go on despite a torch version or model hash mismatch, or a checkpoint that is not the file the
+  // capsule names (parsed then, and compared tensor by tensor); each is reported as a warning.
   bool force = false;
   // Layerwise phases to compare. Default: forward only.
   bool forward = true;
@@ -89,7 +95,10 @@ struct ReplayOptions {
 Tolerance DefaultBisectTolerance(at::ScalarType candidate_dtype);
 
 // kNotFound: model not registered; kFailedPrecondition: weights or environment mismatch without
-// force, tokens redacted, weights missing; kInvalidArgument: a capsule without what replay needs.
+// force (a weights mismatch names the first tensor that differs among those the capsule holds
+// digests of), a checkpoint that is not the recorded file (refused before it is parsed), tokens
+// redacted, weights missing; kInvalidArgument: a capsule without what replay needs; the codes of
+// LoadCheckpoint for a named checkpoint that cannot be read.
 StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& capsule, const ModelRegistry& registry,
                                          const ReplayOptions& options);
 

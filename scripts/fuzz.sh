@@ -15,7 +15,7 @@ seconds=${1:-120}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FUZZ_BUILD:-$root/build-fuzz}
 work=${FUZZ_WORK:-$(mktemp -d /tmp/capsule-fuzz.XXXXXX)}
-targets=${FUZZ_TARGETS:-decode envelope read redact render}
+targets=${FUZZ_TARGETS:-decode envelope read redact render checkpoint}
 jobs=${FUZZ_JOBS:-1}
 
 if [ ! -f "$build/CMakeCache.txt" ]; then
@@ -28,8 +28,11 @@ cmake --build "$build" --target "${bins[@]}" >/dev/null || { echo "fuzz: build f
 run_target() {
   local t=$1 dir="$work/$1"
   mkdir -p "$dir/corpus" "$dir/findings"
-  # A fresh corpus directory per target, seeded read-only from the committed one.
-  "$build/tests/fuzz/capsule_${t}_fuzzer" "$dir/corpus" "$root/tests/fuzz/corpus" \
+  # A fresh corpus directory per target, seeded read-only from the committed one (the checkpoint
+  # reader from its own folder of it).
+  local seeds="$root/tests/fuzz/corpus"
+  [ "$t" = checkpoint ] && seeds="$root/tests/fuzz/corpus/checkpoint"
+  "$build/tests/fuzz/capsule_${t}_fuzzer" "$dir/corpus" "$seeds" \
     -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$dir/findings/" \
     -rss_limit_mb=4096 -timeout=25 > "$dir/log.txt" 2>&1
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "capsule/base/printable.h"
@@ -282,12 +283,30 @@ StatusOr<int> FillRerun(const ProbeResult& r, const CaptureContext& context, v1:
   return anomalous;
 }
 
+// The checkpoint's path as the capsule records it: absolute as the trainer gave it, or else
+// relative to the capsule's directory, where replay resolves a relative path (so a capsule and
+// its checkpoint moved together still find each other).
+std::string RecordedCheckpointPath(const std::string& path, const std::string& capsule_dir) {
+  namespace fs = std::filesystem;
+  if (fs::path(path).is_absolute()) return path;
+  std::error_code ec;
+  const fs::path file = fs::absolute(path, ec);
+  if (ec) return path;
+  const fs::path from = fs::weakly_canonical(fs::absolute(capsule_dir, ec), ec);
+  if (ec) return file.string();
+  const fs::path to = fs::weakly_canonical(file.parent_path(), ec) / file.filename();
+  if (ec) return file.string();
+  const fs::path relative = to.lexically_relative(from);
+  return relative.empty() ? to.string() : relative.string();
+}
+
 // The model spec, its hash and size, the re-run's sections and the weights the policy asks for.
 // Names the checkpoint instead of embedding it: its file, every tensor's digest, and whether it
 // holds this step's weights. A checkpoint that cannot be read loses the reference, not the
 // capsule: the reason goes to the capture notes.
-void FillWeightsReference(const std::string& path, const std::vector<NamedTensor>& params,
-                          v1::ModelSpec& ms, std::vector<std::string>& notes) {
+void FillWeightsReference(const std::string& path, const std::string& capsule_dir,
+                          const std::vector<NamedTensor>& params, v1::ModelSpec& ms,
+                          std::vector<std::string>& notes) {
   StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(path);
   StatusOr<std::vector<TensorDigestInfo>> digests =
       ckpt.ok() ? TensorDigests(ckpt->tensors)
@@ -302,7 +321,7 @@ void FillWeightsReference(const std::string& path, const std::vector<NamedTensor
     }
   }
   v1::WeightsReference& ref = *ms.mutable_weights_reference();
-  ref.set_path(path);
+  ref.set_path(RecordedCheckpointPath(path, capsule_dir));
   ref.set_size_bytes(ckpt->size_bytes);
   ref.set_file_sha256(ckpt->file_sha256);
   ref.set_format(ckpt->format);
@@ -381,7 +400,7 @@ Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
   }
   ms.set_weight_policy(static_cast<v1::WeightPolicy>(policy));
   if (policy != WeightPolicy::kAll && !options.weights_checkpoint.empty()) {
-    FillWeightsReference(options.weights_checkpoint, params, ms, notes);
+    FillWeightsReference(options.weights_checkpoint, options.capsule_dir, params, ms, notes);
   }
   std::map<std::string, std::string> owner;  // parameter name -> layer name
   for (size_t i = 0; i < seq.size(); ++i) {

@@ -412,8 +412,8 @@ class Monitor:
 
     def set_weights_checkpoint(self, path):
         """The model's weights are now those of this checkpoint (one it loaded or saved, written
-        with ``torch.save(dict(model.state_dict()), path)``): a capsule that does not embed every
-        weight names it, and replay loads it."""
+        with ``torch.save(model.state_dict(), path)``): a capsule that does not embed every
+        weight names it, and replay loads it (as data: nothing in the file is run)."""
         self._m.set_weights_checkpoint(path)
 
     def set_identity(self, files=(), chat_template="", config_text="", code_revision=""):

@@ -486,12 +486,13 @@ def test_the_capture_rerun_draws_python_and_numpy_rngs_as_the_step_did(tmp_path,
 
 
 def test_a_capsule_names_the_checkpoint_torch_save_wrote(tmp_path, keys):
-    # The trainer's weights come from a checkpoint torch.save wrote (a plain dict of the state
-    # dict); a capsule that embeds only the anomalous layer names it, with every tensor's hash.
+    # The trainer's weights come from a checkpoint torch.save wrote (the state dict itself, an
+    # OrderedDict); a capsule that embeds only the anomalous layer names it, with every tensor's
+    # hash.
     torch.manual_seed(0)
     seq = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     ckpt = tmp_path / "model.pt"
-    torch.save(dict(seq.state_dict()), ckpt)
+    torch.save(seq.state_dict(), ckpt)
     loss_fn = lambda out, batch: torch.nn.functional.mse_loss(out, batch["labels"])
     monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
                               weight_policy="anomalous_layer", log_sink=lambda line: None)

@@ -333,6 +333,8 @@ other_model=$(cd "$work" && "$trainer" train --quiet --steps 4 --seed 7 --captur
   --capsule-dir "$work/seed7" --key "$work/k.key" > /dev/null 2>&1; ls "$work"/seed7/*.capsule)
 refuse other-weights 2 "another model's weights; --force to replay anyway" "$clean" --plugin "$plugin" --pubkey "$work/k.pub" \
   --weights "$other_model"
+refuse other-weights-named 2 "tensor '[a-z_.0-9]*' differs: sha256" "$clean" --plugin "$plugin" \
+  --pubkey "$work/k.pub" --weights "$other_model"
 refuse plugin-missing 2 "does not exist" "$clean" --plugin "$work/nope.so" --pubkey "$work/k.pub"
 refuse not-registered 2 "not registered; registered: none; load the model's plugin with --plugin" \
   "$clean" --pubkey "$work/k.pub"

@@ -9,10 +9,10 @@
 #include <cstring>
 #include <limits>
 
+#include "capsule/base/little_endian.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/little_endian.h"
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "tests/format/capsule_test_util.h"

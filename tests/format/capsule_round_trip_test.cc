@@ -8,12 +8,12 @@
 #include <utility>
 
 #include "capsule/base/file_util.h"
+#include "capsule/base/little_endian.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/little_endian.h"
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "tests/format/capsule_test_util.h"

@@ -9,10 +9,10 @@
 #include <functional>
 #include <set>
 
+#include "capsule/base/little_endian.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/little_endian.h"
 #include "samples/golden/golden_capsules.h"
 
 namespace capsule::test {

@@ -1,7 +1,7 @@
 // proto/FORMAT.md against the code and the golden files it describes: the §9 dump and field table
 // are regenerated from samples/golden/valid/minimal.capsule, the §6.1 limits from the ReadOptions
-// and ContentLimits defaults, and §6's checks are numbered 1 to 20 in order. A change to either
-// side that the other does not follow fails here.
+// and ContentLimits defaults (§6.3's from CheckpointLimits), and §6's checks are numbered 1 to 20
+// in order. A change to either side that the other does not follow fails here.
 #include <gtest/gtest.h>
 
 #include <cctype>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "capsule/checkpoint/checkpoint_index.h"
 #include "capsule/format/capsule_reader.h"
 
 namespace capsule::test {
@@ -143,6 +144,7 @@ TEST_F(FormatDocTest, ReadingChecksAreNumberedOneToTwenty) {
 TEST_F(FormatDocTest, LimitsTableStatesTheDefaults) {
   const ReadOptions r;
   const ContentLimits& l = r.limits;
+  const CheckpointLimits k;  // §6.3
   const std::pair<const char*, uint64_t> defaults[] = {
       {"`ReadOptions::max_file_bytes`", r.max_file_bytes},
       {"`ReadOptions::max_uncompressed_bytes`", r.max_uncompressed_bytes},
@@ -152,6 +154,13 @@ TEST_F(FormatDocTest, LimitsTableStatesTheDefaults) {
       {"`ContentLimits::max_repeated_strings`", l.max_repeated_strings},
       {"`ContentLimits::max_repeated_numbers`", l.max_repeated_numbers},
       {"`ContentLimits::max_string_bytes`", l.max_string_bytes},
+      {"`CheckpointLimits::max_file_bytes`", k.max_file_bytes},
+      {"`CheckpointLimits::max_pickle_bytes`", k.max_pickle_bytes},
+      {"`CheckpointLimits::max_zip_entries`", k.max_zip_entries},
+      {"`CheckpointLimits::max_values`", k.max_values},
+      {"`CheckpointLimits::max_stack`", k.max_stack},
+      {"`CheckpointLimits::max_marks`", k.max_marks},
+      {"`CheckpointLimits::max_module_depth`", static_cast<uint64_t>(k.max_module_depth)},
   };
   for (const auto& [name, value] : defaults) {
     bool found = false;
@@ -162,7 +171,7 @@ TEST_F(FormatDocTest, LimitsTableStatesTheDefaults) {
         EXPECT_EQ(c[1].substr(0, c[1].find(' ')), std::to_string(value)) << line;
       }
     }
-    EXPECT_TRUE(found) << name << " is missing from FORMAT.md §6.1";
+    EXPECT_TRUE(found) << name << " is missing from FORMAT.md §6.1 or §6.3";
   }
 }
 

@@ -5,11 +5,11 @@
 #include <optional>
 #include <string>
 
+#include "capsule/base/little_endian.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/little_endian.h"
 #include "capsule/format/internal/wire_limits.h"
 #include "capsule/format/validate.h"
 #include "capsule/proto/capsule.pb.h"

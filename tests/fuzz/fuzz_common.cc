@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "capsule/base/little_endian.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/little_endian.h"
 #include "capsule/format/internal/zstd_codec.h"
 
 namespace capsule::fuzz {

@@ -2,12 +2,14 @@
 // LLVMFuzzerTestOneInput, as libFuzzer would, in a normal (non-fuzzer) build, so crashes once
 // found stay fixed under plain ctest. Built once per target (tests/fuzz/CMakeLists.txt).
 //
-// Built for the DecodeCapsule target (CAPSULE_FUZZ_EXPECTATIONS), it also checks the expectation
-// seed names carry, so seeds cannot rot silently into inputs that stop at the first check:
-// "ok-*" must decode, "bad-*" must be rejected (see capsule::fuzz::DecodeForRegression). Other
-// files (crash reproducers) only must not crash.
+// Built for the DecodeCapsule target (CAPSULE_FUZZ_EXPECTATIONS) or the checkpoint reader's
+// (CAPSULE_FUZZ_CHECKPOINT_EXPECTATIONS), it also checks the expectation seed names carry, so
+// seeds cannot rot silently into inputs that stop at the first check: "ok-*" must be read, "bad-*"
+// must be rejected (see capsule::fuzz::DecodeForRegression, CheckpointForRegression). Other files
+// (crash reproducers) only must not crash.
 //
 //   capsule_fuzz_regression tests/fuzz/corpus
+//   capsule_fuzz_regression_checkpoint tests/fuzz/corpus/checkpoint
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -17,8 +19,12 @@
 #include <string>
 #include <vector>
 
-#ifdef CAPSULE_FUZZ_EXPECTATIONS
+#if defined(CAPSULE_FUZZ_EXPECTATIONS)
 #include "tests/fuzz/decode_capsule_fuzzer.h"
+#define CAPSULE_FUZZ_VERDICT capsule::fuzz::DecodeForRegression
+#elif defined(CAPSULE_FUZZ_CHECKPOINT_EXPECTATIONS)
+#include "tests/fuzz/checkpoint_fuzzer.h"
+#define CAPSULE_FUZZ_VERDICT capsule::fuzz::CheckpointForRegression
 #else
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 #endif
@@ -55,8 +61,8 @@ int main(int argc, char** argv) {
     LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
 
     const std::string name = path.filename().string();
-#ifdef CAPSULE_FUZZ_EXPECTATIONS
-    const capsule::Status s = capsule::fuzz::DecodeForRegression(bytes);
+#ifdef CAPSULE_FUZZ_VERDICT
+    const capsule::Status s = CAPSULE_FUZZ_VERDICT(bytes);
     const bool want_ok = name.rfind("ok-", 0) == 0;
     const bool want_bad = name.rfind("bad-", 0) == 0;
     const bool wrong = (want_ok && !s.ok()) || (want_bad && s.ok());

@@ -14,11 +14,11 @@
 #include <fstream>
 #include <string>
 
+#include "capsule/base/little_endian.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
-#include "capsule/format/internal/little_endian.h"
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "tests/fuzz/fuzz_common.h"

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <torch/optim/adam.h>
-#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <cmath>
@@ -738,7 +737,9 @@ TEST_F(ReplayCapsuleTest, LargeModelCapsuleNamesItsCheckpointAndReplaysFromIt) {
   const double a = from_checkpoint->replayed_value(), b = from_embedded->replayed_value();
   EXPECT_TRUE((std::isnan(a) && std::isnan(b)) || a == b) << a << " vs " << b;
 
-  // One element of one tensor changed: refused, naming it, before anything runs.
+  // One element of one tensor changed: not the file the capsule names, refused before it is
+  // parsed; and where the capsule recorded no file hash, refused naming the tensor, before
+  // anything runs.
   StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(checkpoint);
   ASSERT_TRUE(ckpt.ok());
   for (auto& [name, t] : ckpt->tensors) {
@@ -751,12 +752,21 @@ TEST_F(ReplayCapsuleTest, LargeModelCapsuleNamesItsCheckpointAndReplaysFromIt) {
   auto refused = ReplayCapsule(named, registry_, options);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(refused.status().message().find("'blocks.1.mlp.fc1.weight' differs"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("not the weights checkpoint the capsule names"),
+            std::string::npos)
       << refused.status();
+  EXPECT_NE(refused.status().message().find("refused before parsing"), std::string::npos);
+  v1::Capsule no_file_hash = named;
+  no_file_hash.mutable_model()->mutable_weights_reference()->clear_file_sha256();
+  auto differs = ReplayCapsule(no_file_hash, registry_, options);
+  ASSERT_FALSE(differs.ok());
+  EXPECT_EQ(differs.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(differs.status().message().find("'blocks.1.mlp.fc1.weight' differs"), std::string::npos)
+      << differs.status();
 }
 
-// The checkpoints a user has: a state dict saved by Python's torch.save, and a
-// torch::serialize::OutputArchive with a nested archive, both read by name.
+// A checkpoint's digests spell dtypes as the rest of the capsule does ("float32"); a capsule of
+// 0.1.0, which wrote LibTorch's "Float", still replays from its checkpoint.
 TEST_F(ReplayCapsuleTest, CheckpointDigestsSpellDtypesAsTheCapsuleDoesAndOldSpellingsReplay) {
   TempDir dir;
   tiny_gpt::TinyGptConfig config;
@@ -794,62 +804,105 @@ TEST_F(ReplayCapsuleTest, CheckpointDigestsSpellDtypesAsTheCapsuleDoesAndOldSpel
   EXPECT_NE(other.status().message().find("is float32["), std::string::npos) << other.status();
 }
 
-TEST(CheckpointTest, ReadsPythonStateDictsAndTorchArchives) {
-  TempDir dir;
-  const std::string py = dir.path() + "/py.pt";
-  const std::string cmd =
-      "/usr/bin/python3 -c \"import collections, torch; sd = collections.OrderedDict("
-      "[('b.weight', torch.arange(6, dtype=torch.float32).reshape(2, 3)), "
-      "('a.bias', torch.ones(4, dtype=torch.float64))]); torch.save(dict(sd), '" +
-      py + "'); torch.save(sd, '" + py + ".ordered')\"";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  StatusOr<LoadedCheckpoint> p = LoadCheckpoint(py);
-  ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->format, "torch_pickle");
-  ASSERT_EQ(p->tensors.size(), 2u);
-  EXPECT_EQ(p->tensors[0].first, "b.weight");
-  EXPECT_TRUE(at::equal(p->tensors[0].second, at::arange(6, at::kFloat).reshape({2, 3})));
-  EXPECT_EQ(p->tensors[1].second.scalar_type(), at::kDouble);
-  // model.state_dict() itself, an OrderedDict: refused with the way to save it instead.
-  StatusOr<LoadedCheckpoint> ordered = LoadCheckpoint(py + ".ordered");
-  EXPECT_EQ(ordered.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(ordered.status().message().find("torch.save(dict(model.state_dict()), path)"),
-            std::string::npos)
-      << ordered.status();
-
-  const std::string archive = dir.path() + "/archive.pt";
-  {
-    torch::serialize::OutputArchive out, sub;
-    sub.write("weight", at::full({3}, 2.0));
-    out.write("head", at::zeros({2, 2}));
-    out.write("block", sub);
-    out.save_to(archive);
+// Restores the working directory when it goes out of scope.
+class WorkingDirectory {
+ public:
+  explicit WorkingDirectory(const fs::path& dir) : old_(fs::current_path()) {
+    fs::current_path(dir);
   }
-  StatusOr<LoadedCheckpoint> a = LoadCheckpoint(archive);
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->format, "torch_archive");
-  std::vector<std::string> names;
-  for (const auto& [name, t] : a->tensors) names.push_back(name);
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"block.weight", "head"}));
+  ~WorkingDirectory() { fs::current_path(old_); }
 
-  // Digests name the first difference.
-  auto d1 = TensorDigests(p->tensors);
-  std::vector<NamedTensor> changed = p->tensors;
-  changed[1].second = changed[1].second.clone();
-  changed[1].second[0] = 5;
-  auto d2 = TensorDigests(changed);
-  ASSERT_TRUE(d1.ok() && d2.ok());
-  EXPECT_EQ(FirstDigestDifference(*d1, *d1), "");
-  EXPECT_NE(FirstDigestDifference(*d1, *d2).find("'a.bias' differs"), std::string::npos);
+ private:
+  fs::path old_;
+};
 
-  const std::string junk = dir.path() + "/junk.pt";
-  ASSERT_TRUE(SaveCheckpoint(junk, {}).ok());  // an empty dict: no tensor
-  EXPECT_EQ(LoadCheckpoint(junk).status().code(), StatusCode::kInvalidArgument);
-  std::FILE* f = std::fopen((dir.path() + "/text.pt").c_str(), "w");
-  std::fputs("not a checkpoint", f);
-  std::fclose(f);
-  EXPECT_EQ(LoadCheckpoint(dir.path() + "/text.pt").status().code(), StatusCode::kInvalidArgument);
+// A trainer that names its checkpoint by a relative path: the capsule records it relative to the
+// capsule's own directory, and replay finds it there whatever its working directory; a
+// checkpoint that is not the recorded file is refused before it is parsed, or with --force
+// compared tensor by tensor, the difference named in a warning.
+TEST_F(ReplayCapsuleTest, ACheckpointNamedByARelativePathIsFoundBesideTheCapsule) {
+  TempDir dir;
+  const fs::path run = fs::path(dir.path()) / "run";
+  fs::create_directories(run);
+  tiny_gpt::TinyGptConfig config;
+  config.n_layers = kBlocks;
+  config.fault = {FaultKind::kNan, "ln_f", 0};
+  {
+    std::unique_ptr<tiny_gpt::TinyGpt> init = std::move(*tiny_gpt::TinyGpt::Create(config));
+    ASSERT_TRUE(SaveCheckpoint((run / "model.pt").string(), init->NamedParameters()).ok());
+  }
+  LargeRun recorded;
+  {
+    WorkingDirectory in(run);
+    recorded = RecordLarge("caps", "model.pt", config, WeightPolicy::kAnomalousLayer);
+  }
+  ASSERT_EQ(recorded.capsules.size(), 1u);
+  const v1::Capsule& c = recorded.capsules[0];
+  ASSERT_TRUE(c.model().has_weights_reference());
+  EXPECT_EQ(c.model().weights_reference().path(), "../model.pt");
+
+  ReplayOptions options;
+  options.capsule_path = (run / recorded.files[0]).string();
+  auto found = ReplayCapsule(c, registry_, options);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->diagnosis(), v1::NUMERICS);
+  EXPECT_EQ(found->first_divergent_layer(), "ln_f");
+  EXPECT_EQ(found->warnings_size(), 0);
+
+  auto unknown = Replay(c);  // no capsule path: the directory is not known
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(unknown.status().message().find("relative to its own directory"), std::string::npos)
+      << unknown.status();
+
+  StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint((run / "model.pt").string());
+  ASSERT_TRUE(ckpt.ok());
+  ckpt->tensors[3].second.view(-1)[0] += 1;
+  const std::string changed_name = ckpt->tensors[3].first;
+  options.checkpoint_path = (run / "changed.pt").string();
+  ASSERT_TRUE(SaveCheckpoint(options.checkpoint_path, ckpt->tensors).ok());
+  auto refused = ReplayCapsule(c, registry_, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("refused before parsing"), std::string::npos)
+      << refused.status();
+  options.force = true;
+  auto forced = ReplayCapsule(c, registry_, options);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  std::string warnings;
+  for (const std::string& w : forced->warnings()) warnings += w + "\n";
+  EXPECT_NE(warnings.find("is not the file the capsule names"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("tensor '" + changed_name + "' differs"), std::string::npos) << warnings;
+}
+
+// Weights from another capsule whose model hash is not the recorded one: the message names the
+// first tensor that differs, from the digests the capsule holds.
+TEST_F(ReplayCapsuleTest, AWeightsMismatchNamesTheTensorThatDiffers) {
+  const v1::Capsule c = RecordOne({}, 2, /*capture_at=*/1);
+  v1::Capsule other = c;
+  v1::TensorBlob* changed = nullptr;
+  for (v1::TensorBlob& t : *other.mutable_tensors()) {
+    if (t.role() == v1::PARAMETER && (changed == nullptr || t.name() > changed->name())) {
+      changed = &t;
+    }
+  }
+  ASSERT_NE(changed, nullptr);
+  std::string data = changed->data();
+  data[1] ^= 0x40;
+  changed->set_data(data);
+  changed->set_sha256(Sha256Hex(data));
+  TempDir dir;
+  const std::string weights = dir.path() + "/other.capsule";
+  ASSERT_TRUE(WriteCapsuleFile(weights, other, WriteOptions()).ok());
+  ReplayOptions options;
+  options.weights_path = weights;
+  auto r = ReplayCapsule(c, registry_, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("tensor '" + changed->name() + "' differs"),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("another model's weights"), std::string::npos);
 }
 
 // ---- what a capsule's content can make replay, gate and stress do -------------------------------
