@@ -45,8 +45,9 @@ class ModelRegistry {
   Status Register(std::string name, ModelFactory factory);
 
   // The factory for every name not registered: a user who names one factory for the capsule at
-  // hand (`python3 -P -m capsule replay FILE --model pkg.module:factory`) means it for whatever name
-  // the capsule recorded. kInvalidArgument for an empty factory; kAlreadyExists when one is set.
+  // hand (`python3 -P -m capsule replay FILE --model pkg.module:factory`) means it for whatever
+  // name the capsule recorded. kInvalidArgument for an empty factory; kAlreadyExists when one is
+  // set.
   Status SetFallback(ModelFactory factory);
 
   // Builds the model spec.registry_name names (or, when that name is not registered, with the
