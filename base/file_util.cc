@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_NOREPLACE
 #include <stdlib.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -90,10 +91,15 @@ class IgnoreSigxfsz {
   static inline bool swapped_ = false;
 };
 
-// What may stand at `path` before a write: nothing, or (with overwrite) a regular file.
-Status CheckTarget(const std::string& path, bool overwrite) {
+Status AlreadyExists(const std::string& path) {
+  return Status(StatusCode::kAlreadyExists, path + " already exists; not overwriting it");
+}
+
+// What may stand at `name` (in the directory `dir`) before a write: nothing, or (with overwrite) a
+// regular file. `path` is how messages name it.
+Status CheckTarget(int dir, const std::string& name, const std::string& path, bool overwrite) {
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) {
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return Status::Ok();
     return ErrnoError(errno, "cannot stat", path);
   }
@@ -101,30 +107,102 @@ Status CheckTarget(const std::string& path, bool overwrite) {
     return InvalidArgumentError(path + " is " + KindOf(st.st_mode) +
                                 ", not a regular file; not replacing it");
   }
-  if (!overwrite) {
-    return Status(StatusCode::kAlreadyExists, path + " already exists; not overwriting it");
-  }
+  if (!overwrite) return AlreadyExists(path);
   return Status::Ok();
 }
 
-// Moves `temp` to `path` only if nothing is at `path`, atomically: renameat2(RENAME_NOREPLACE)
-// where the file system has it, link() + unlink() where it does not.
-Status MoveExclusive(const std::string& temp, const std::string& path) {
-  if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) {
+bool RenameFlagsUnsupported(int err) { return err == EINVAL || err == ENOSYS || err == ENOTSUP; }
+
+// Moves `temp` to `name`, both in `dir`, only if nothing is at `name`, atomically:
+// renameat2(RENAME_NOREPLACE) where the file system has it, linkat() + unlinkat() where it does
+// not. `temp` is removed on failure.
+Status MoveExclusive(int dir, const std::string& temp, const std::string& name,
+                     const std::string& path) {
+  if (::renameat2(dir, temp.c_str(), dir, name.c_str(), RENAME_NOREPLACE) == 0) {
     return Status::Ok();
   }
   int err = errno;
-  if (err == EINVAL || err == ENOSYS || err == ENOTSUP) {
-    if (::link(temp.c_str(), path.c_str()) == 0) {
-      ::unlink(temp.c_str());
+  if (RenameFlagsUnsupported(err)) {
+    if (::linkat(dir, temp.c_str(), dir, name.c_str(), 0) == 0) {
+      ::unlinkat(dir, temp.c_str(), 0);
       return Status::Ok();
     }
     err = errno;
   }
-  if (err == EEXIST) {
-    return Status(StatusCode::kAlreadyExists, path + " already exists; not overwriting it");
-  }
+  ::unlinkat(dir, temp.c_str(), 0);
+  if (err == EEXIST) return AlreadyExists(path);
   return ErrnoError(err, "cannot rename to", path);
+}
+
+// Moves `temp` to `name`, both in `dir`, replacing what is there only if it is a regular file, with
+// no moment between the look and the move: the two are exchanged atomically
+// (renameat2(RENAME_EXCHANGE)), and what came out from under `name` is looked at under `temp`'s
+// name. A regular file is then removed; anything else (a FIFO, a device, a directory, a link
+// planted after the first check) is exchanged back, untouched. With nothing at `name`, the move is
+// exclusive. Where the file system has no exchange, a look and a plain rename (the window this
+// closes, on the file systems that have it). `temp` is removed on failure (unless it holds what
+// stood at `name` and could not be put back, which the message says).
+Status MoveReplacingRegular(int dir, const std::string& temp, const std::string& name,
+                            const std::string& path) {
+  // Something may come and go between the attempts; a few rounds settle it.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    if (::renameat2(dir, temp.c_str(), dir, name.c_str(), RENAME_EXCHANGE) == 0) {
+      struct stat st;
+      const bool regular =
+          ::fstatat(dir, temp.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+      if (regular) {
+        ::unlinkat(dir, temp.c_str(), 0);
+        return Status::Ok();
+      }
+      // Put it back; `temp` names our file again.
+      if (::renameat2(dir, temp.c_str(), dir, name.c_str(), RENAME_EXCHANGE) != 0) {
+        return ErrnoError(errno, "cannot move back (from " + temp + ") what stood at", path);
+      }
+      ::unlinkat(dir, temp.c_str(), 0);
+      return InvalidArgumentError(path + " is " + KindOf(st.st_mode) +
+                                  ", not a regular file; not replacing it");
+    }
+    if (errno == ENOENT) {
+      // Nothing at `name`: an exclusive move, which fails if something appeared meanwhile, and
+      // then the exchange is tried again.
+      if (::renameat2(dir, temp.c_str(), dir, name.c_str(), RENAME_NOREPLACE) == 0) {
+        return Status::Ok();
+      }
+      if (errno == EEXIST) continue;
+    }
+    if (RenameFlagsUnsupported(errno)) {
+      Status target = CheckTarget(dir, name, path, /*overwrite=*/true);
+      if (target.ok() && ::renameat(dir, temp.c_str(), dir, name.c_str()) == 0) {
+        return Status::Ok();
+      }
+      if (target.ok()) target = ErrnoError(errno, "cannot rename to", path);
+      ::unlinkat(dir, temp.c_str(), 0);
+      return target;
+    }
+    break;
+  }
+  const int err = errno;
+  ::unlinkat(dir, temp.c_str(), 0);
+  return ErrnoError(err, "cannot rename to", path);
+}
+
+// Creates a new file with a unique hidden name derived from `base` in `dir` (O_EXCL: never an
+// existing name, never through a link). Returns the descriptor and sets *name.
+int CreateTemporary(int dir, const std::string& base, std::string* name) {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    unsigned char random[6];
+    if (::getrandom(random, sizeof(random), 0) != static_cast<ssize_t>(sizeof(random))) {
+      return -1;
+    }
+    std::string suffix;
+    for (unsigned char r : random) suffix += kChars[r % (sizeof(kChars) - 1)];
+    *name = "." + base.substr(0, 200) + "." + suffix;
+    const int fd = ::openat(dir, name->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
 }
 
 }  // namespace
@@ -292,53 +370,46 @@ Status WriteFileAtomicWith(const std::string& path,
   if (base.empty() || base == "." || base == "..") {
     return InvalidArgumentError(path + " is not a file name");
   }
+  // The directory is resolved once: the check, the temporary file and the move all happen in the
+  // directory this descriptor holds, whatever its path comes to name meanwhile.
+  const std::string dir_path = DirName(path);
+  Fd dir(::open(dir_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0) {
+    return ErrnoError(errno, errno == ENOTDIR ? "cannot stat" : "cannot create", path);
+  }
   // Checked first so that a refusal costs nothing; the move below decides again, atomically.
-  CAPSULE_RETURN_IF_ERROR(CheckTarget(path, options.overwrite));
+  CAPSULE_RETURN_IF_ERROR(CheckTarget(dir.get(), base, path, options.overwrite));
 
   // A unique name in the target's directory (same file system, so the move is a rename). Hidden,
   // and never a name any other writer uses: two writers never share a temporary file, and a
   // leftover from a killed writer is never mistaken for, nor moved to, NAME.
-  const std::string dir = DirName(path);
-  std::string temp = (dir == "/" ? "/" : dir + "/") + "." + base.substr(0, 200) + ".XXXXXX";
   IgnoreSigxfsz sigxfsz;
-  Fd fd(::mkostemp(temp.data(), O_CLOEXEC));
+  std::string temp;
+  Fd fd(CreateTemporary(dir.get(), base, &temp));
   if (fd.get() < 0) return ErrnoError(errno, "cannot create", path);
   auto fail = [&](int err, const char* what) {
     if (fd.get() >= 0) ::close(fd.Release());
-    ::unlink(temp.c_str());
+    ::unlinkat(dir.get(), temp.c_str(), 0);
     return ErrnoError(err, what, path);
   };
-  // mkostemp creates mode 0600 whatever the umask; the requested mode is a promise either way.
+  // Created 0600 whatever the umask; the requested mode is a promise either way.
   if (::fchmod(fd.get(), options.mode) != 0) return fail(errno, "cannot chmod");
   TempFileWriter writer(fd.get());
   if (Status produced = produce(writer); !produced.ok()) {
     // A failed write is reported against NAME, as the writer could not name it.
     if (writer.write_errno() != 0) return fail(writer.write_errno(), "cannot write");
     ::close(fd.Release());
-    ::unlink(temp.c_str());
+    ::unlinkat(dir.get(), temp.c_str(), 0);
     return produced;
   }
   if (::fsync(fd.get()) != 0) return fail(errno, "cannot fsync");
   if (::close(fd.Release()) != 0) return fail(errno, "cannot close");
 
-  if (options.overwrite) {
-    // Between the check above and here a special file may have appeared; look once more.
-    Status target = CheckTarget(path, /*overwrite=*/true);
-    if (!target.ok()) {
-      ::unlink(temp.c_str());
-      return target;
-    }
-    if (::rename(temp.c_str(), path.c_str()) != 0) return fail(errno, "cannot rename to");
-  } else {
-    Status moved = MoveExclusive(temp, path);
-    if (!moved.ok()) {
-      ::unlink(temp.c_str());
-      return moved;
-    }
-  }
-  // The move is durable only once the directory entry is.
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0 && ::fsync(dfd.get()) != 0 && errno != EINVAL) {
+  CAPSULE_RETURN_IF_ERROR(options.overwrite ? MoveReplacingRegular(dir.get(), temp, base, path)
+                                            : MoveExclusive(dir.get(), temp, base, path));
+  // The move is durable only once the directory entry is (an O_PATH descriptor cannot be synced).
+  Fd sync(::openat(dir.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (sync.get() >= 0 && ::fsync(sync.get()) != 0 && errno != EINVAL) {
     return ErrnoError(errno, "cannot fsync the directory of", path);
   }
   return Status::Ok();

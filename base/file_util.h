@@ -6,8 +6,13 @@
 // the target's directory, fsyncs it, moves it to NAME and fsyncs the directory, so a crash or a
 // kill at any point leaves either the old file or the new one under NAME, never a half-written one
 // (proto/FORMAT.md §7). It never replaces anything but a regular file, and replaces that only when
-// asked to; without `overwrite` the final step is exclusive (no other writer can slip in between
-// the check and the move). The codecs never touch disk; this is the thin layer on top.
+// asked to. The directory is opened once and every step happens in it; the final step decides
+// atomically, with nothing between a look and the move: without `overwrite` it is exclusive
+// (renameat2 RENAME_NOREPLACE, or linkat), and with it the new file is exchanged with what stands
+// at NAME (RENAME_EXCHANGE), which is removed if it is a regular file and put back otherwise, so a
+// FIFO or device planted after the first check is never replaced. (A file system without
+// renameat2's flags gets a check and a plain rename.) The codecs never touch disk; this is the
+// thin layer on top.
 //
 //   CAPSULE_RETURN_IF_ERROR(capsule::WriteFileAtomic("a.capsule", bytes));   // new file only
 //   capsule::AtomicWriteOptions replace;

@@ -1,47 +1,76 @@
 #include "capsule/base/sha256.h"
 
+#include <openssl/err.h>
 #include <openssl/evp.h>
 
-#include <cstdlib>
-
 namespace capsule {
+namespace {
+
+// kInternal with OpenSSL's reason (its error queue is emptied, so a later call starts clean).
+Status HashError() {
+  std::string reason;
+  unsigned long e = 0;
+  while ((e = ERR_get_error()) != 0) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    if (reason.empty()) reason = buf;
+  }
+  return InternalError("cannot compute SHA-256: " +
+                       (reason.empty() ? std::string("OpenSSL failed") : "OpenSSL: " + reason) +
+                       "; check the OpenSSL configuration (OPENSSL_CONF) loads the default "
+                       "provider");
+}
+
+}  // namespace
 
 struct Sha256Hasher::Ctx {
   EVP_MD_CTX* md = nullptr;
+  bool ok = false;  // the context is initialised and every step so far succeeded
   ~Ctx() { EVP_MD_CTX_free(md); }
+  void Init() { ok = md != nullptr && EVP_DigestInit_ex(md, EVP_sha256(), nullptr) == 1; }
 };
 
 Sha256Hasher::Sha256Hasher() : ctx_(std::make_unique<Ctx>()) {
   ctx_->md = EVP_MD_CTX_new();
-  // Allocation failure here leaves no sensible way on; OpenSSL aborts on OOM in practice too.
-  if (ctx_->md == nullptr || EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) != 1) std::abort();
+  ctx_->Init();
 }
 
 Sha256Hasher::~Sha256Hasher() = default;
 
 void Sha256Hasher::Update(const void* data, size_t size) {
-  if (size > 0) EVP_DigestUpdate(ctx_->md, data, size);
+  if (size > 0 && ctx_->ok) ctx_->ok = EVP_DigestUpdate(ctx_->md, data, size) == 1;
 }
 
 void Sha256Hasher::Update(std::string_view data) { Update(data.data(), data.size()); }
 
-std::string Sha256Hasher::Finish() {
+StatusOr<std::string> Sha256Hasher::Finish() {
   std::string out(kSha256Size, '\0');
   unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx_->md, reinterpret_cast<unsigned char*>(out.data()), &len);
-  EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr);
+  const bool ok =
+      ctx_->ok &&
+      EVP_DigestFinal_ex(ctx_->md, reinterpret_cast<unsigned char*>(out.data()), &len) == 1 &&
+      len == kSha256Size;
+  Status failed = ok ? Status::Ok() : HashError();
+  ctx_->Init();
+  if (!ok) return failed;
   return out;
 }
 
-std::string Sha256(std::string_view data) {
+StatusOr<std::string> Sha256(std::string_view data) {
   std::string out(kSha256Size, '\0');
   unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), reinterpret_cast<unsigned char*>(out.data()), &len,
-             EVP_sha256(), nullptr);
+  if (EVP_Digest(data.data(), data.size(), reinterpret_cast<unsigned char*>(out.data()), &len,
+                 EVP_sha256(), nullptr) != 1 ||
+      len != kSha256Size) {
+    return HashError();
+  }
   return out;
 }
 
-std::string Sha256Hex(std::string_view data) { return HexEncode(Sha256(data)); }
+StatusOr<std::string> Sha256Hex(std::string_view data) {
+  CAPSULE_ASSIGN_OR_RETURN(std::string raw, Sha256(data));
+  return HexEncode(raw);
+}
 
 std::string HexEncode(std::string_view bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";

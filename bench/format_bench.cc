@@ -184,7 +184,7 @@ void BM_Sha256(benchmark::State& state) {
   const std::string_view bytes(reinterpret_cast<const char*>(data.data()),
                                data.size() * sizeof(float));
   const long faults = MinorFaults();
-  for (auto _ : state) benchmark::DoNotOptimize(Sha256(bytes));
+  for (auto _ : state) benchmark::DoNotOptimize(*Sha256(bytes));
   ReportPayload(state, mib, faults);
 }
 

@@ -263,7 +263,15 @@ Status Monitor::SetIdentity(const IdentityInfo& info) {
   }
   id.set_chat_template(info.chat_template);
   id.set_config_text(info.config_text);
-  if (!info.config_text.empty()) id.set_config_sha256(Sha256Hex(info.config_text));
+  if (!info.config_text.empty()) {
+    StatusOr<std::string> config_hash = Sha256Hex(info.config_text);
+    if (config_hash.ok()) {
+      id.set_config_sha256(*config_hash);
+    } else {
+      Emit("capsule: cannot hash the config text: " + config_hash.status().message());
+      if (first_error.ok()) first_error = config_hash.status();
+    }
+  }
   id.set_code_revision(info.code_revision);
   return first_error;
 }

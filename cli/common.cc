@@ -8,9 +8,14 @@
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/printable.h"
+#include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/commands.h"
+#include "capsule/format/capsule_writer.h"
+#include "capsule/format/derivation.h"
+#include "capsule/format/envelope.h"
 #include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule::cli {
 
@@ -108,14 +113,22 @@ StatusOr<ReadOptions> MakeReadOptions(const std::vector<std::string>& pubkeys,
   return options;
 }
 
-void AddTrustOptions(CLI::App* cmd, TrustOptions* trust) {
-  CLI::Option* pub =
-      cmd->add_option("--pubkey", trust->pubkeys, "Trusted public key (PEM); repeatable")
-          ->check(CLI::ExistingFile);
+void AddTrustOptions(CLI::App* cmd, TrustOptions* trust, CapsuleUse use) {
+  trust->command = cmd->get_name();
+  trust->use = use;
+  cmd->add_option("--pubkey", trust->pubkeys,
+                  "Trusted public key (PEM); repeatable. A capsule is trusted when one of these "
+                  "signed it (and the capsules it was made from were trusted by its maker)")
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--allow-untrusted", trust->allow_untrusted,
+                use == CapsuleUse::kAct
+                    ? "Use a capsule no --pubkey key vouches for (signed by another key, or made "
+                      "from an untrusted capsule); its trust is stated"
+                    : "With --pubkey, also read a capsule no --pubkey key vouches for; its trust "
+                      "is stated (without --pubkey every signed capsule is read)");
   cmd->add_flag("--allow-unsigned", trust->allow_unsigned,
-                "Also accept an unsigned capsule (reported as such). A signed capsule is read "
-                "without this; its signature is checked only against keys given with --pubkey")
-      ->excludes(pub);
+                "Also accept an unsigned capsule, or one made from an unsigned capsule (implies "
+                "--allow-untrusted); its trust is stated");
 }
 
 CLI::Validator NonNegativeNumber() {
@@ -172,46 +185,187 @@ bool WriteOutputFile(const std::string& in, const std::string& out, std::string_
   return true;
 }
 
-StatusOr<ReadOptions> MakeLoadOptions(const std::vector<std::string>& pubkeys,
-                                      bool allow_unsigned) {
-  CAPSULE_ASSIGN_OR_RETURN(ReadOptions options, MakeReadOptions(pubkeys, allow_unsigned));
-  // Reading is not trusting: without --pubkey a signed capsule is read whoever signed it, and
-  // shown as "not checked" with the signer's key id (a capsule attached to an issue usually
-  // arrives without its .pub). --pubkey asks for trust: then the signer must be one of them.
-  options.allow_untrusted = allow_unsigned || pubkeys.empty();
+StatusOr<ReadOptions> MakeLoadOptions(const TrustOptions& trust) {
+  CAPSULE_ASSIGN_OR_RETURN(ReadOptions options,
+                           MakeReadOptions(trust.pubkeys, /*allow_unsigned=*/true));
+  // ReadLoadedCapsule judges trust itself; the reader only checks every signature.
+  options.allow_untrusted = true;
   return options;
 }
 
-StatusOr<LoadedCapsule> ReadLoadedCapsule(const std::string& file, const ReadOptions& options) {
-  CAPSULE_ASSIGN_OR_RETURN(std::string bytes, ReadFileBytes(file, options.max_file_bytes));
-  auto decoded = DecodeCapsule(bytes, options);
-  if (!decoded.ok()) return decoded.status().WithContext(file);
-  return LoadedCapsule{std::move(bytes), std::move(*decoded)};
+namespace {
+
+v1::Trust TrustOf(SignatureState s) {
+  switch (s) {
+    case SignatureState::kVerified:
+      return v1::TRUST_VERIFIED;
+    case SignatureState::kValidUnknownSigner:
+      return v1::TRUST_VALID_UNKNOWN_SIGNER;
+    case SignatureState::kNotChecked:
+      return v1::TRUST_NOT_CHECKED;
+    case SignatureState::kUnsigned:
+      return v1::TRUST_UNSIGNED;
+  }
+  return v1::TRUST_UNSPECIFIED;
 }
 
-std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
-                                         const std::vector<std::string>& pubkeys,
-                                         bool allow_unsigned, int* exit_code) {
+// How far `trust` trusts a capsule whose envelope reads as `e` and whose content (once decoded) is
+// `c`: the one place the words of a `trust:` line are chosen.
+v1::InputTrust Judge(const std::string& file, const EnvelopeInfo& e, const v1::Capsule* c,
+                     const TrustOptions& trust) {
+  v1::InputTrust t;
+  t.set_file(Printable(file));
+  t.set_signature(TrustOf(e.signature));
+  const std::string key = HexEncode(e.key_id);
+  if (e.signature != SignatureState::kUnsigned) t.set_signer_key_id(key);
+  std::string text;
+  switch (e.signature) {
+    case SignatureState::kVerified:
+      text = "signed by trusted key " + key;
+      break;
+    case SignatureState::kValidUnknownSigner:
+      text = "valid signature, unknown signer " + key +
+             (trust.pubkeys.empty() ? " (no --pubkey given)" : " (not among --pubkey)");
+      break;
+    case SignatureState::kNotChecked:
+      text = "signed by key " + key +
+             ", signature not checked (format 1.0 carries no signer key; --pubkey checks it)";
+      break;
+    case SignatureState::kUnsigned:
+      text = "unsigned";
+      break;
+  }
+  const v1::Derivation* source = c != nullptr ? UntrustedSource(*c) : nullptr;
+  if (source != nullptr) {
+    *t.mutable_untrusted_source() = *source;
+    text += "; " + DescribeDerivation(*source);
+  } else if (c != nullptr && c->derivations_size() > 0) {
+    text += "; " + DescribeDerivation(c->derivations(c->derivations_size() - 1));
+  }
+  t.set_trusted(e.signature == SignatureState::kVerified && source == nullptr);
+  t.set_text(text);
+  return t;
+}
+
+// Whether `trust` lets its command go on with a capsule in state `s` (its own signature, or the
+// least trusted source it records).
+bool Allowed(const TrustOptions& trust, SignatureState s) {
+  const bool any_signer = trust.allow_untrusted || trust.allow_unsigned ||
+                          (trust.use == CapsuleUse::kShow && trust.pubkeys.empty());
+  switch (s) {
+    case SignatureState::kVerified:
+      return true;
+    case SignatureState::kValidUnknownSigner:
+    case SignatureState::kNotChecked:
+      return any_signer;
+    case SignatureState::kUnsigned:
+      return trust.allow_unsigned;
+  }
+  return false;
+}
+
+// kUnauthenticated "FILE: refused: <trust>; <what would get round it>", or OK when `trust` lets
+// the command use the capsule. `c` is null before the payload is decoded (the signature alone).
+Status Refusal(const std::string& file, const v1::InputTrust& judged, const EnvelopeInfo& e,
+               const v1::Capsule* c, const TrustOptions& trust) {
+  const v1::Derivation* source = c != nullptr ? UntrustedSource(*c) : nullptr;
+  const SignatureState from_source =
+      source != nullptr ? SourceState(*source) : SignatureState::kVerified;
+  const bool signature_ok = Allowed(trust, e.signature);
+  if (signature_ok && Allowed(trust, from_source)) return Status::Ok();
+  const std::string verb = trust.use == CapsuleUse::kShow ? "read" : "use";
+  const bool unsigned_refused = !signature_ok ? e.signature == SignatureState::kUnsigned
+                                              : from_source == SignatureState::kUnsigned;
+  std::string why =
+      trust.use == CapsuleUse::kShow
+          ? "with --pubkey, " + trust.command + " reads only capsules those keys vouch for"
+          : trust.command + " uses only capsules a --pubkey key vouches for";
+  const std::string anyway = "--allow-untrusted to " + verb + " it anyway";
+  if (unsigned_refused) {
+    why = trust.use == CapsuleUse::kShow && trust.pubkeys.empty()
+              ? "--allow-unsigned to read it anyway"
+              : why + "; --allow-unsigned to " + verb + " it anyway";
+  } else if (!signature_ok && e.signature == SignatureState::kValidUnknownSigner) {
+    why += ": check that key id with its owner and pass their key with --pubkey (capsule verify " +
+           file + " --save-signer PUB writes it), or " + anyway;
+  } else if (!signature_ok) {
+    why += ": pass the signer's key with --pubkey to check the signature, or " + anyway;
+  } else {
+    why += ", and its maker did not trust what it was made from; " + anyway;
+  }
+  return UnauthenticatedError(file + ": refused: " + judged.text() + "; " + why);
+}
+
+// ReadLoadedCapsule once the bytes are read.
+StatusOr<LoadedCapsule> JudgeAndDecode(const std::string& file, std::string bytes,
+                                       const TrustOptions& trust, const ReadOptions& options,
+                                       v1::InputTrust* judged) {
+  // The signature first, judged before anything is decompressed; then the content, and the trust
+  // of what it was made from.
+  OpenOptions open;
+  open.trusted_keys = options.trusted_keys;
+  open.allow_unsigned = open.allow_untrusted = true;
+  auto env = OpenEnvelope(bytes, open);
+  if (!env.ok()) return env.status().WithContext(file);
+  v1::InputTrust t = Judge(file, env->info, nullptr, trust);
+  if (judged != nullptr) *judged = t;
+  CAPSULE_RETURN_IF_ERROR(Refusal(file, t, env->info, nullptr, trust));
+  auto decoded = DecodeOpenedEnvelope(*env, options);
+  if (!decoded.ok()) return decoded.status().WithContext(file);
+  t = Judge(file, env->info, decoded->capsule.get(), trust);
+  if (judged != nullptr) *judged = t;
+  CAPSULE_RETURN_IF_ERROR(Refusal(file, t, env->info, decoded->capsule.get(), trust));
+  auto sha256 = Sha256Hex(bytes);
+  if (!sha256.ok()) return sha256.status().WithContext(file);
+  return LoadedCapsule{std::move(bytes), std::move(*sha256), std::move(*decoded), std::move(t)};
+}
+
+}  // namespace
+
+StatusOr<LoadedCapsule> ReadLoadedCapsule(const std::string& file, const TrustOptions& trust,
+                                          const ReadOptions& options, v1::InputTrust* judged) {
+  CAPSULE_ASSIGN_OR_RETURN(std::string bytes, ReadFileBytes(file, options.max_file_bytes));
+  return JudgeAndDecode(file, std::move(bytes), trust, options, judged);
+}
+
+void PrintTrustLine(const v1::InputTrust& trust) {
+  std::cerr << "trust: " << trust.file() << ": " << trust.text() << "\n";
+}
+
+std::optional<LoadedCapsule> LoadCapsule(const std::string& file, const TrustOptions& trust,
+                                         int* exit_code) {
   *exit_code = kExitError;
-  auto options = MakeLoadOptions(pubkeys, allow_unsigned);
+  auto options = MakeLoadOptions(trust);
   if (!options.ok()) {
     PrintError(options.status());
     return std::nullopt;
   }
-  // Not through ReadLoadedCapsule: a file that cannot be read was not judged (exit 2), whatever
-  // the code of the reason, while a decoding failure is a verdict on the capsule.
+  // A file that cannot be read was not judged (exit 2), whatever the code of the reason; a
+  // decoding failure or a refusal is a verdict on the capsule.
   auto bytes = ReadFileBytes(file, options->max_file_bytes);
   if (!bytes.ok()) {
     PrintError(bytes.status());
     return std::nullopt;
   }
-  auto decoded = DecodeCapsule(*bytes, *options);
-  if (!decoded.ok()) {
-    PrintError(decoded.status().WithContext(file));
-    *exit_code = ExitCodeForReadError(decoded.status());
+  auto loaded = JudgeAndDecode(file, std::move(*bytes), trust, *options, nullptr);
+  if (!loaded.ok()) {
+    PrintError(loaded.status());
+    *exit_code = ExitCodeForReadError(loaded.status());
     return std::nullopt;
   }
-  return LoadedCapsule{std::move(*bytes), std::move(*decoded)};
+  PrintTrustLine(loaded->trust);
+  return std::move(*loaded);
+}
+
+StatusOr<std::string> EncodeDerived(const LoadedCapsule& source, std::string_view tool,
+                                    const PrivateKey& key, uint32_t optional_flags,
+                                    v1::Capsule* out) {
+  CAPSULE_RETURN_IF_ERROR(RecordDerivation(*source.decoded.capsule, source.decoded.envelope,
+                                           source.sha256, tool, /*now_unix_micros=*/0, out));
+  WriteOptions write;
+  write.signing_key = &key;
+  write.optional_flags = optional_flags;
+  return EncodeCapsule(*out, write);
 }
 
 }  // namespace capsule::cli

@@ -3,6 +3,7 @@
 #ifndef CAPSULE_CLI_COMMON_H_
 #define CAPSULE_CLI_COMMON_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -10,7 +11,10 @@
 
 #include "capsule/base/status.h"
 #include "capsule/cli/cli.h"
+#include "capsule/cli/commands.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/signing.h"
+#include "capsule/proto/report.pb.h"
 
 namespace capsule {
 class ModelRegistry;
@@ -61,37 +65,55 @@ int ExitCodeForReadError(const Status& status);
 // ReadOptions trusting the given public key files.
 StatusOr<ReadOptions> MakeReadOptions(const std::vector<std::string>& pubkeys, bool allow_unsigned);
 
-// A capsule read for a subcommand: the file's bytes (a capsule's SHA-256 is of exactly these) and
-// what they decode to.
+// A capsule read for a subcommand: the file's bytes, their SHA-256 (lowercase hex: how reports,
+// extracts and redactions name the file), what they decode to, and how far the command trusts
+// it (what its `trust:` line says, and its JSON).
 struct LoadedCapsule {
   std::string bytes;
+  std::string sha256;
   DecodedCapsule decoded;
+  v1::InputTrust trust;
 };
 
-// The ReadOptions LoadCapsule reads with: `pubkeys` trusted, and untrusted signers accepted when
-// no key is given or `allow_unsigned` is set.
-StatusOr<ReadOptions> MakeLoadOptions(const std::vector<std::string>& pubkeys, bool allow_unsigned);
+// The ReadOptions a command reads with under `trust` (its keys, flags and use): every signature
+// is checked, and the trust the command asks for is judged by ReadLoadedCapsule, so that a
+// refusal can say what would get round it.
+StatusOr<ReadOptions> MakeLoadOptions(const TrustOptions& trust);
 
-// Reads and decodes `file` with `options` and prints nothing: for a command that lists a capsule
-// it cannot use instead of stopping (triage). The status names the file.
-StatusOr<LoadedCapsule> ReadLoadedCapsule(const std::string& file, const ReadOptions& options);
+// Reads `file`, judges its trust as `trust` asks and decodes it, the signature before anything is
+// decompressed and the sources its derivations record after; prints nothing. A capsule the
+// command may not use is kUnauthenticated "FILE: refused: <its trust>; <what to do>" (exit 3); a
+// file that cannot be read keeps its code. For a command that lists a capsule it cannot use
+// instead of stopping (triage, gate): *judged, when not null, receives the trust of a refused
+// capsule too.
+StatusOr<LoadedCapsule> ReadLoadedCapsule(const std::string& file, const TrustOptions& trust,
+                                          const ReadOptions& options,
+                                          v1::InputTrust* judged = nullptr);
 
-// Reads and decodes `file` trusting `pubkeys`; `allow_unsigned` also accepts unsigned capsules and
-// signers not given (reported as "not checked"), as --allow-unsigned promises. On failure prints
-// why and returns nullopt with *exit_code set: ExitCodeForReadError for a capsule judged invalid,
-// kExitError for anything that stopped the judging.
-std::optional<LoadedCapsule> LoadCapsule(const std::string& file,
-                                         const std::vector<std::string>& pubkeys,
-                                         bool allow_unsigned, int* exit_code);
+// The line a command prints to stderr for each capsule it uses: "trust: FILE: <text>".
+void PrintTrustLine(const v1::InputTrust& trust);
+
+// Reads `file` as ReadLoadedCapsule does and prints its trust line. On failure prints why and
+// returns nullopt with *exit_code set: ExitCodeForReadError for a capsule judged invalid or not
+// trusted, kExitError for anything that stopped the judging.
+std::optional<LoadedCapsule> LoadCapsule(const std::string& file, const TrustOptions& trust,
+                                         int* exit_code);
 
 #ifdef CAPSULE_WITH_TORCH
 // What every command that re-runs a model starts with: loads the plugins named, then reads `file`
 // as LoadCapsule does. On failure prints why and returns nullopt with *exit_code set.
 std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string>& plugins,
                                                    ModelRegistry& registry, const std::string& file,
-                                                   const std::vector<std::string>& pubkeys,
-                                                   bool allow_unsigned, int* exit_code);
+                                                   const TrustOptions& trust, int* exit_code);
 #endif
+
+// Encodes `out`, made by `tool` ("redact", "extract", "minimize") from `source`, signed with
+// `key`: first records the derivation (format/derivation.h) — the source's SHA-256, its signer
+// and how far this command trusted it — so the new signature never vouches for more than the
+// source had. Errors are those of RecordDerivation and EncodeCapsule.
+StatusOr<std::string> EncodeDerived(const LoadedCapsule& source, std::string_view tool,
+                                    const PrivateKey& key, uint32_t optional_flags,
+                                    v1::Capsule* out);
 
 // Writes `bytes` to `out` for a command that read `in`: refuses `out` when it is `in` (with or
 // without --force), replaces an existing regular file only with `force`, and prints why it did

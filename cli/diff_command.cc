@@ -15,21 +15,22 @@ void SetupDiffCommand(CLI::App& app, RunFn* run) {
       "diff", "Compare two capsules: identity, environment, config, trigger, layer stats");
   cmd->add_option("a", options->a, "First capsule file")->required();
   cmd->add_option("b", options->b, "Second capsule file")->required();
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kAct);
   cmd->add_flag("--json", options->json, "Print the differences as JSON");
   cmd->callback([options, run] { *run = [options] { return RunDiffCommand(*options); }; });
 }
 
 int RunDiffCommand(const DiffCliOptions& o) {
-  // 1 means "they differ", so any read failure is an error (exit 2) here.
+  // A capsule that cannot be read, or is not trusted, is its exit status (2, 3, 4), never 1.
+  // "Equivalent" is said of two capsules the user trusts, or chose to use anyway.
   int rc = kExitError;
-  auto a = LoadCapsule(o.a, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  auto a = LoadCapsule(o.a, o.trust, &rc);
   if (!a) return rc;
-  auto b = LoadCapsule(o.b, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  auto b = LoadCapsule(o.b, o.trust, &rc);
   if (!b) return rc;
   const std::vector<CapsuleDifference> diff =
       DiffCapsules(*a->decoded.capsule, *b->decoded.capsule);
-  std::cout << (o.json ? RenderDiffJson(diff) : RenderDiffTable(diff));
+  std::cout << (o.json ? RenderDiffJson(diff, &a->trust, &b->trust) : RenderDiffTable(diff));
   return diff.empty() ? kExitOk : kExitFinding;
 }
 

@@ -26,7 +26,7 @@ void SetupExtractCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
   AddForceOption(cmd, &options->force);
   AddPluginOption(cmd, &options->plugins);
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kAct);
   cmd->callback([options, run, registry] {
     *run = [options, registry] { return RunExtractCommand(*options, *registry); };
   });
@@ -39,21 +39,20 @@ int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
     return kExitError;
   }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded = LoadPluginsAndCapsule(
-      o.plugins, registry, o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded =
+      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
   if (!loaded) return rc;
-  auto extract =
-      ExtractLayer(*loaded->decoded.capsule, registry, {o.layer, Sha256Hex(loaded->bytes)});
+  auto extract = ExtractLayer(*loaded->decoded.capsule, registry, {o.layer, loaded->sha256});
   if (!extract.ok()) {
     PrintError(extract.status(),
                RerunRemedy(extract.status(), RerunFactsOf(*loaded->decoded.capsule, registry)));
     return kExitError;
   }
-  WriteOptions write;
-  write.signing_key = &*key;
-  write.optional_flags = kOptionalFlagExtract |
-                         (loaded->decoded.envelope.header.optional_flags & kOptionalFlagRedacted);
-  auto bytes = EncodeCapsule(*extract, write);
+  auto bytes =
+      EncodeDerived(*loaded, "extract", *key,
+                    kOptionalFlagExtract |
+                        (loaded->decoded.envelope.header.optional_flags & kOptionalFlagRedacted),
+                    &*extract);
   if (!bytes.ok()) {
     PrintError(bytes.status());
     return kExitError;

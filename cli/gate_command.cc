@@ -26,7 +26,7 @@ void SetupGateCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
       ->required()
       ->check(CLI::ExistingDirectory);
   AddPluginOption(cmd, &options->plugins);
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kAct);
   cmd->add_flag("--json", options->json, "Print the result as JSON");
   cmd->callback([options, run, registry] {
     *run = [options, registry] { return RunGateCommand(*options, *registry); };
@@ -54,15 +54,17 @@ int RunGateCommand(const GateCliOptions& o, ModelRegistry& registry) {
     v1::GateEntry& e = *gate.add_entries();
     e.set_capsule(path.filename().string());
     int rc = 0;
-    // Each capsule is judged alone: one that cannot be read is an error in its row, not the end
-    // of the gate.
-    std::optional<LoadedCapsule> loaded =
-        LoadCapsule(path.string(), o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+    // Each capsule is judged alone: one that cannot be read, or is not trusted, is an error in its
+    // row, not the end of the gate; its trust line (or the refusal) goes to stderr.
+    std::optional<LoadedCapsule> loaded = LoadCapsule(path.string(), o.trust, &rc);
     if (!loaded) {
-      e.set_error("cannot read or trust it (exit status " + std::to_string(rc) + ")");
+      e.set_error(rc == kExitUntrusted ? "not trusted (exit status 3)"
+                                       : "cannot read it (exit status " + std::to_string(rc) + ")");
       gate.set_errors(gate.errors() + 1);
+      if (rc == kExitUntrusted) gate.set_untrusted(gate.untrusted() + 1);
       continue;
     }
+    *e.mutable_trust() = loaded->trust;
     const v1::Capsule& c = *loaded->decoded.capsule;
     ReplayOptions replay;
     replay.capsule_path = path.string();  // a checkpoint it names relative to itself
@@ -101,10 +103,15 @@ int RunGateCommand(const GateCliOptions& o, ModelRegistry& registry) {
                                << (!e.error().empty() ? e.error() : e.new_verdict())
                                << (e.reason().empty() ? "" : ": " + e.reason());
     }
-    PrintableLine(std::cout) << "gate: " << gate.passed() << " of " << gate.entries_size()
-                             << " capsules no longer fail; " << gate.failed() << " still fail, "
-                             << gate.errors() << " could not be judged";
+    PrintableLine line(std::cout);
+    line << "gate: " << gate.passed() << " of " << gate.entries_size()
+         << " capsules no longer fail; " << gate.failed() << " still fail, " << gate.errors()
+         << " could not be judged";
+    if (gate.untrusted() > 0) line << " (" << gate.untrusted() << " not trusted)";
   }
+  // A capsule refused as untrusted is the gate's answer as it is every command's (3): the folder
+  // holds something its keys do not vouch for.
+  if (gate.untrusted() > 0) return kExitUntrusted;
   if (gate.errors() > 0) return kExitError;
   return gate.failed() > 0 ? kExitFinding : kExitOk;
 }

@@ -41,7 +41,7 @@ void SetupInspectCommand(CLI::App& app, RunFn* run) {
   auto options = std::make_shared<InspectOptions>();
   CLI::App* cmd = app.add_subcommand("inspect", "Show what a capsule holds");
   cmd->add_option("file", options->file, "Capsule file")->required();
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kShow);
   cmd->add_flag("--json", options->json,
                 "Print the capsule as JSON (protobuf's JSON mapping) plus an \"envelope\" object");
   cmd->add_flag("--full", options->full, "With --json, include tensor bytes (base64)");
@@ -49,11 +49,10 @@ void SetupInspectCommand(CLI::App& app, RunFn* run) {
 }
 
 int RunInspectCommand(const InspectOptions& options) {
-  // Without --pubkey the user asked to look, not to trust: with --allow-unsigned the signature is
-  // reported as not checked instead of refused.
+  // Without --pubkey the user asked to look, not to trust: every signed capsule is shown, with
+  // its trust stated.
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadCapsule(options.file, options.trust.pubkeys, options.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded = LoadCapsule(options.file, options.trust, &rc);
   if (!loaded) return rc;
   DecodedCapsule* decoded = &loaded->decoded;
   if (!options.json) {
@@ -72,8 +71,14 @@ int RunInspectCommand(const InspectOptions& options) {
     std::cerr << "capsule: cannot render JSON: " << st.ToString() << "\n";
     return kExitError;
   }
-  // Splice the envelope in as the first member of the capsule's own object.
-  std::string out = "{\"envelope\":" + EnvelopeJson(decoded->envelope);
+  // Splice the envelope, with how far this reading trusts the capsule, in as the first member of
+  // the capsule's own object.
+  std::string trust;
+  jopts.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(loaded->trust, &trust, jopts);
+  std::string envelope = EnvelopeJson(decoded->envelope);
+  envelope.insert(envelope.size() - 1, ",\"trust\":" + trust);
+  std::string out = "{\"envelope\":" + envelope;
   out += body.size() > 2 ? "," + body.substr(1) : "}";
   std::cout << out << "\n";
   return kExitOk;

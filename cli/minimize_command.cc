@@ -29,7 +29,7 @@ void SetupMinimizeCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
   AddForceOption(cmd, &options->force);
   AddPluginOption(cmd, &options->plugins);
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kAct);
   cmd->add_option("--max-replays", options->max_replays, "Stop the search after this many replays")
       ->check(CLI::Range(2, 10000));
   cmd->callback([options, run, registry] {
@@ -44,8 +44,8 @@ int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
     return kExitError;
   }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded = LoadPluginsAndCapsule(
-      o.plugins, registry, o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded =
+      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
   if (!loaded) return rc;
   MinimizeOptions options;
   options.max_replays = o.max_replays;
@@ -58,9 +58,7 @@ int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
                RerunRemedy(result.status(), RerunFactsOf(*loaded->decoded.capsule, registry)));
     return kExitError;
   }
-  WriteOptions write;
-  write.signing_key = &*key;
-  auto bytes = EncodeCapsule(*result->capsule, write);
+  auto bytes = EncodeDerived(*loaded, "minimize", *key, /*optional_flags=*/0, &*result->capsule);
   if (!bytes.ok()) {
     PrintError(bytes.status());
     return kExitError;

@@ -77,6 +77,10 @@ PrintableStreams::PrintableStreams()
   std::cout.rdbuf(out_.get());
   std::cerr.rdbuf(err_.get());
   g_raw_err = old_err_;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigpipe_swapped_ = ::sigaction(SIGPIPE, &ignore, &old_sigpipe_) == 0;
 }
 
 PrintableStreams::~PrintableStreams() {
@@ -85,6 +89,7 @@ PrintableStreams::~PrintableStreams() {
   g_raw_err = nullptr;
   std::cout.rdbuf(old_out_);
   std::cerr.rdbuf(old_err_);
+  if (sigpipe_swapped_) ::sigaction(SIGPIPE, &old_sigpipe_, nullptr);
 }
 
 std::function<void(const std::string&)> ProgressLine(const std::string& command) {

@@ -8,9 +8,14 @@
 // like one inside a field. What keeps a field on its line is how the line is written: through
 // PrintableLine (base/printable_line.h), or by a renderer that escapes each field (report/).
 // Finish() flushes both and reports a failed write to standard output ("write error: standard
-// output: No space left on device"), which the command turns into exit status 2.
+// output: No space left on device"), which the command turns into exit status 2. While they are
+// installed SIGPIPE is ignored, so a pipe whose reader went away (`capsule report FILE | head -c
+// 10`) is such a write error ("Broken pipe", exit 2) instead of a silent death by signal (exit
+// 141).
 #ifndef CAPSULE_CLI_PRINTABLE_STREAM_H_
 #define CAPSULE_CLI_PRINTABLE_STREAM_H_
+
+#include <signal.h>
 
 #include <functional>
 #include <memory>
@@ -51,7 +56,9 @@ class PrintableStreamBuf : public std::streambuf {
   int failed_errno() const { return failed_errno_; }
 };
 
-// Installs the filters on std::cout and std::cerr for its lifetime.
+// Installs the filters on std::cout and std::cerr, and ignores SIGPIPE, for its lifetime (the
+// signal's disposition is put back after: a trainer or Python process embedding the CLI keeps its
+// own).
 class PrintableStreams {
  public:
   PrintableStreams();
@@ -67,6 +74,8 @@ class PrintableStreams {
  private:
   std::streambuf* old_out_;
   std::streambuf* old_err_;
+  struct sigaction old_sigpipe_ {};
+  bool sigpipe_swapped_ = false;
   std::unique_ptr<PrintableStreamBuf> out_;
   std::unique_ptr<PrintableStreamBuf> err_;
 };

@@ -28,7 +28,7 @@ void SetupRedactCommand(CLI::App& app, RunFn* run) {
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--out", options->out, "Output capsule file")->required();
   AddForceOption(cmd, &options->force);
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kAct);
   cmd->callback([options, run] { *run = [options] { return RunRedactCommand(*options); }; });
 }
 
@@ -47,20 +47,18 @@ int RunRedactCommand(const RedactCliOptions& o) {
     return kExitError;
   }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded = LoadCapsule(o.file, o.trust, &rc);
   if (!loaded) return rc;
-  redact.source_sha256 = Sha256Hex(loaded->bytes);
+  redact.source_sha256 = loaded->sha256;
   s = RedactCapsule(loaded->decoded.capsule.get(), redact);
   if (!s.ok()) {
     PrintError(s);
     return kExitError;
   }
-  WriteOptions write;
-  write.signing_key = &*key;
   // The source's optional flags still describe the content (weights, extract); redaction adds one.
-  write.optional_flags = loaded->decoded.envelope.header.optional_flags | kOptionalFlagRedacted;
-  auto bytes = EncodeCapsule(*loaded->decoded.capsule, write);
+  auto bytes = EncodeDerived(*loaded, "redact", *key,
+                             loaded->decoded.envelope.header.optional_flags | kOptionalFlagRedacted,
+                             loaded->decoded.capsule.get());
   if (!bytes.ok()) {
     PrintError(bytes.status());
     return kExitError;

@@ -178,7 +178,7 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   CLI::App* cmd = app.add_subcommand("replay", kReplayDescription);
   cmd->add_option("file", options->file, "Capsule file")->required();
   AddPluginOption(cmd, &options->plugins);
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kAct);
   cmd->add_option("--weights", options->weights,
                   "Capsule holding all weights, when this one does not embed them")
       ->check(CLI::ExistingFile);
@@ -250,8 +250,8 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   options.progress = ProgressLine("replay");  // null unless standard error is a terminal
 
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded = LoadPluginsAndCapsule(
-      o.plugins, registry, o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded =
+      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
   if (!loaded) return rc;
   auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
   if (options.progress) ClearProgressLine();
@@ -265,11 +265,15 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
     return kExitError;
   }
   report->set_capsule(o.file);
-  report->set_capsule_sha256(Sha256Hex(loaded->bytes));
+  report->set_capsule_sha256(loaded->sha256);
+  *report->mutable_capsule_trust() = loaded->trust;
+  // The trust flags this replay was given: the commands below need the same to read the capsule.
+  std::string trust_flags;
+  for (const auto& k : o.trust.pubkeys) trust_flags += " --pubkey " + k;
+  if (o.trust.allow_untrusted) trust_flags += " --allow-untrusted";
+  if (o.trust.allow_unsigned) trust_flags += " --allow-unsigned";
   const Invocation& invocation = CurrentInvocation();
-  std::string cmd = invocation.program + " replay " + o.file + ModelArgs(o.plugins);
-  for (const auto& k : o.trust.pubkeys) cmd += " --pubkey " + k;
-  if (o.trust.allow_unsigned) cmd += " --allow-unsigned";
+  std::string cmd = invocation.program + " replay " + o.file + ModelArgs(o.plugins) + trust_flags;
   if (!o.checkpoint.empty()) cmd += " --checkpoint " + o.checkpoint;
   if (o.bisect_given) cmd += " --bisect=" + o.bisect;
   if (o.phase != "forward") cmd += " --phase " + o.phase;
@@ -289,7 +293,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
     const std::string out = layer + ".capsule";
     const bool weights = loaded->decoded.capsule->model().weight_policy() == v1::WEIGHTS_ALL;
     report->add_next_commands(invocation.program + " extract " + o.file + " --layer " + layer +
-                              " --key YOUR.key -o " + out + plugins +
+                              " --key YOUR.key -o " + out + plugins + trust_flags +
                               (weights ? "" : "   # needs a capsule with all weights"));
     report->add_next_commands(invocation.program + " replay " + out + plugins +
                               " --pubkey YOUR.pub");

@@ -25,7 +25,7 @@ void SetupReportCommand(CLI::App& app, RunFn* run) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--redact", options->redact,
                   "Leave out of the report: comma-separated " + JoinRedactItemNames(", "));
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kShow);
   cmd->add_option("-o,--out", options->out, "Output file (written atomically); default stdout");
   AddForceOption(cmd, &options->force);
   cmd->callback([options, run] { *run = [options] { return RunReportCommand(*options); }; });
@@ -40,8 +40,7 @@ int RunReportCommand(const ReportCliOptions& o) {
   }
   report_options.redact = *redact;
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadCapsule(o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded = LoadCapsule(o.file, o.trust, &rc);
   if (!loaded) return rc;
   std::unique_ptr<v1::ReplayReport> replay;
   if (!o.replay_json.empty()) {
@@ -58,7 +57,8 @@ int RunReportCommand(const ReportCliOptions& o) {
     replay = std::move(*parsed);
   }
   report_options.file_name = o.file;
-  report_options.file_sha256 = Sha256Hex(loaded->bytes);
+  report_options.file_sha256 = loaded->sha256;
+  report_options.trust = &loaded->trust;
   const ReportModel model = BuildReportModel(*loaded->decoded.capsule, loaded->decoded.envelope,
                                              replay.get(), report_options);
   const std::string text = o.format == "html"   ? RenderHtml(model)

@@ -28,7 +28,7 @@ void SetupStressCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("--phase", options->phase, "Phases to compare")
       ->check(CLI::IsMember({"forward", "backward", "both"}));
   AddPluginOption(cmd, &options->plugins);
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kAct);
   cmd->add_flag("--force", options->force, "Run despite a torch version mismatch");
   cmd->add_flag("--json", options->json, "Print the result as JSON");
   cmd->callback([options, run, registry] {
@@ -38,8 +38,8 @@ void SetupStressCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
 
 int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded = LoadPluginsAndCapsule(
-      o.plugins, registry, o.file, o.trust.pubkeys, o.trust.allow_unsigned, &rc);
+  std::optional<LoadedCapsule> loaded =
+      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
   if (!loaded) return rc;
   StressOptions options;
   options.layer = o.layer;
@@ -55,6 +55,7 @@ int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
     return kExitError;
   }
   report->set_capsule(o.file);
+  *report->mutable_trust() = loaded->trust;
   if (o.json) {
     std::string json;
     google::protobuf::util::JsonPrintOptions jo;

@@ -18,14 +18,13 @@ namespace capsule::cli {
 
 std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string>& plugins,
                                                    ModelRegistry& registry, const std::string& file,
-                                                   const std::vector<std::string>& pubkeys,
-                                                   bool allow_unsigned, int* exit_code) {
+                                                   const TrustOptions& trust, int* exit_code) {
   if (Status s = LoadPlugins(plugins, registry); !s.ok()) {
     PrintError(s);
     *exit_code = kExitError;
     return std::nullopt;
   }
-  return LoadCapsule(file, pubkeys, allow_unsigned, exit_code);
+  return LoadCapsule(file, trust, exit_code);
 }
 
 RerunFacts RerunFactsOf(const v1::Capsule& c, const ModelRegistry& registry) {

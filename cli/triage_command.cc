@@ -17,13 +17,13 @@ void SetupTriageCommand(CLI::App& app, RunFn* run) {
   cmd->add_option("dir", options->dir, "Folder of one run's capsules (*.capsule, not recursive)")
       ->required();
   cmd->add_option("--run", options->run_id, "The run to triage when DIR holds several");
-  AddTrustOptions(cmd, &options->trust);
+  AddTrustOptions(cmd, &options->trust, CapsuleUse::kAct);
   cmd->add_flag("--json", options->json, "Print a capsule.v1.RunTriage as JSON");
   cmd->callback([options, run] { *run = [options] { return RunTriageCommand(*options); }; });
 }
 
 int RunTriageCommand(const TriageCliOptions& o) {
-  auto read_options = MakeLoadOptions(o.trust.pubkeys, o.trust.allow_unsigned);
+  auto read_options = MakeLoadOptions(o.trust);
   if (!read_options.ok()) {
     PrintError(read_options.status());
     return kExitError;
@@ -46,13 +46,22 @@ int RunTriageCommand(const TriageCliOptions& o) {
                "triage reads the capsules every rank of one run wrote");
     return kExitError;
   }
-  // Each capsule goes through the verifying reader alone: one it refuses is listed with the
-  // reason and never used, and the others are still read. Only what the analysis reads of each
-  // is kept, so the folder costs about one capsule of memory, not all of them.
+  // Each capsule goes through the verifying reader alone: one it refuses (unreadable, or not
+  // trusted) is listed with the reason and never used, and the others are still read. Each whose
+  // signature could be judged gets its trust line. Only what the analysis reads of each is kept,
+  // so the folder costs about one capsule of memory, not all of them.
   RunTriageInput input;
+  std::vector<v1::InputTrust> trust;
+  bool refused = false;
   for (const auto& path : files) {
-    auto c = ReadLoadedCapsule(path.string(), *read_options);
+    v1::InputTrust judged;
+    auto c = ReadLoadedCapsule(path.string(), o.trust, *read_options, &judged);
+    if (!judged.file().empty()) {
+      PrintTrustLine(judged);
+      trust.push_back(judged);
+    }
     if (!c.ok()) {
+      refused |= c.status().code() == StatusCode::kUnauthenticated;
       input.AddUnreadable(path.string(), std::string(c.status().message()));
       continue;
     }
@@ -62,7 +71,15 @@ int RunTriageCommand(const TriageCliOptions& o) {
   options.run_id = o.run_id;
   options.dir = o.dir;
   const std::unique_ptr<v1::RunTriage> triage = TriageRun(input, options);
+  for (v1::InputTrust& t : trust) *triage->add_trust() = std::move(t);
   std::cout << (o.json ? RenderRunTriageJson(*triage) : RenderRunTriageText(*triage));
+  // What was found rests on the capsules used; one the keys do not vouch for was left out, and
+  // the user must know before acting on the rest (a rank's capsule forged, say).
+  if (refused) {
+    PrintError(UnauthenticatedError("a capsule in " + o.dir + " is not trusted and was not used"),
+               "--pubkey its signer's key, or --allow-untrusted to use it anyway");
+    return kExitUntrusted;
+  }
   switch (triage->outcome()) {
     case v1::TRIAGE_NO_FINDING:
       return kExitOk;

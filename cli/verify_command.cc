@@ -7,7 +7,9 @@
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/derivation.h"
 #include "capsule/format/signing.h"
+#include "capsule/proto/capsule.pb.h"
 
 namespace capsule::cli {
 
@@ -74,10 +76,25 @@ int RunVerifyCommand(const VerifyOptions& options) {
     if (e.signature != SignatureState::kVerified) return kExitUntrusted;
   }
   const char* deep = options.deep ? ", content valid" : "";
+  // What the capsule was made from (format/derivation.h), oldest first: the signer vouches for
+  // the capsule no further than its maker trusted those.
+  const v1::Capsule& c = *decoded->capsule;
+  for (const v1::Derivation& d : c.derivations()) {
+    std::cerr << "capsule: " << file << ": " << DescribeDerivation(d) << "\n";
+  }
+  const v1::Derivation* source = UntrustedSource(c);
   switch (e.signature) {
     case SignatureState::kVerified:
-      std::cout << file << ": OK, signed by key " << key_id << deep << "\n";
-      return kExitOk;
+      if (source == nullptr) {
+        std::cout << file << ": OK, signed by key " << key_id << deep << "\n";
+        return kExitOk;
+      }
+      std::cout << file << ": UNTRUSTED, signed by key " << key_id << deep << "; "
+                << DescribeDerivation(*source) << "\n";
+      std::cerr << "capsule: " << file
+                << " is signed by a trusted key, but was made from a capsule "
+                << "its maker did not trust: verify that one instead\n";
+      return kExitUntrusted;
     case SignatureState::kValidUnknownSigner:
       std::cout << file << ": UNTRUSTED, valid signature by unknown key " << key_id << deep << "\n";
       break;

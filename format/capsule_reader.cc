@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "capsule/base/file_util.h"
+#include "capsule/format/derivation.h"
 #include "capsule/format/internal/wire_limits.h"
 #include "capsule/format/internal/zstd_codec.h"
 #include "capsule/format/validate.h"
@@ -101,7 +102,15 @@ StatusOr<DecodedCapsule> DecodeCapsule(std::string_view bytes, const ReadOptions
   open.allow_unsigned = options.allow_unsigned;
   open.allow_untrusted = options.allow_untrusted;
   CAPSULE_ASSIGN_OR_RETURN(OpenedEnvelope env, OpenEnvelope(bytes, open));
+  CAPSULE_ASSIGN_OR_RETURN(DecodedCapsule out, DecodeOpenedEnvelope(env, options));
+  // 21. What the capsule was made from is trusted as far as its own signer must be.
+  CAPSULE_RETURN_IF_ERROR(
+      CheckDerivations(*out.capsule, options.allow_untrusted, options.allow_unsigned));
+  return out;
+}
 
+StatusOr<DecodedCapsule> DecodeOpenedEnvelope(const OpenedEnvelope& env,
+                                              const ReadOptions& options) {
   // 11-13. What decompression would cost, before anything is allocated.
   const uint64_t size = env.info.header.uncompressed_size;
   if (size > options.max_uncompressed_bytes) {

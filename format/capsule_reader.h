@@ -4,15 +4,20 @@
 // magic, version and required flags, declared sizes, end magic, trailer fields, digest, signature
 // — all before any decompression or parsing — then the resource limits below (uncompressed size,
 // compression ratio, zstd frame parameters), zstd decompression with its checksum, a pass over the
-// protobuf wire bytes that counts what parsing would build, parsing, and ValidateCapsule(). Each
-// rejection has its own code and a message that says what to do:
+// protobuf wire bytes that counts what parsing would build, parsing, ValidateCapsule(), and last
+// the trust of what the capsule was made from (format/derivation.h): a capsule is accepted only as
+// far as the least trusted of its signer and its derivations' sources. Each rejection has its own
+// code and a message that says what to do:
 //   kNotFound           no such file
 //   kOutOfRange         truncated
 //   kInvalidArgument    not a capsule (empty, bad magic, not a regular file), or content that
 //                       breaks a schema rule
 //   kUnimplemented      newer major version, unknown required flag or signature algorithm
 //   kDataLoss           corrupt (digest, trailer, zstd frame or checksum, protobuf)
-//   kUnauthenticated    unsigned (unless allowed), untrusted key (unless allowed), bad signature
+//   kUnauthenticated    unsigned (unless allowed), untrusted key (unless allowed), bad signature,
+//                       an invalid signer key (a small-order point), made from an unsigned or
+//                       untrusted capsule (unless allowed as those would be)
+//   kInternal           SHA-256 or Ed25519 could not be computed (OpenSSL; base/sha256.h)
 //   kResourceExhausted  over one of the limits in ReadOptions
 //
 // The limits bound what opening a capsule from a stranger costs: a small multiple of what a
@@ -65,8 +70,11 @@ struct ContentLimits {
 
 struct ReadOptions {
   std::vector<PublicKey> trusted_keys;  // signatures by these keys are accepted
-  bool allow_unsigned = false;          // accept unsigned capsules (digest still checked)
-  bool allow_untrusted = false;         // accept signers outside trusted_keys, unchecked
+  // Accept unsigned capsules (digest still checked), and capsules made from one.
+  bool allow_unsigned = false;
+  // Accept signers outside trusted_keys (their signature still checked when the capsule carries
+  // the key), and capsules made from a capsule whose signer their maker did not trust.
+  bool allow_untrusted = false;
   // ReadCapsuleFile refuses larger files before reading them.
   uint64_t max_file_bytes = uint64_t{1} << 30;  // 1 GiB
   // Decompression bomb guard: refuse before allocating when the payload declares more.
@@ -103,6 +111,13 @@ struct DecodedCapsule {
 };
 
 StatusOr<DecodedCapsule> DecodeCapsule(std::string_view bytes, const ReadOptions& options);
+
+// The rest of DecodeCapsule for an envelope its caller opened with OpenEnvelope and whose trust it
+// judges itself (a command that says why it refuses a signer, and how to get round it): checks
+// 11-20 on env.payload, which must point into bytes that outlive the call. Neither the trust
+// fields of `options` nor check 21 apply; CheckDerivations (format/derivation.h) is check 21.
+StatusOr<DecodedCapsule> DecodeOpenedEnvelope(const OpenedEnvelope& env,
+                                              const ReadOptions& options);
 StatusOr<DecodedCapsule> ReadCapsuleFile(const std::string& path, const ReadOptions& options);
 
 }  // namespace capsule

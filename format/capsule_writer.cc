@@ -238,8 +238,9 @@ Status EncodeInto(const v1::Capsule& capsule, size_t size, const WriteOptions& o
   }
   if (Status s = scanner.Finish(); !s.ok()) return s.WithContext(kReadersRefuse);
   CAPSULE_RETURN_IF_ERROR(frame->Finish());
+  CAPSULE_ASSIGN_OR_RETURN(const std::string payload_digest, payload_sha256.Finish());
   CAPSULE_ASSIGN_OR_RETURN(SealedParts parts,
-                           SealEnvelopeParts(payload_size, size, payload_sha256.Finish(), seal));
+                           SealEnvelopeParts(payload_size, size, payload_digest, seal));
   CAPSULE_RETURN_IF_ERROR(out.Append(parts.trailer));
   return out.WriteAt(0, parts.header);
 }

@@ -41,8 +41,9 @@ std::string SignedMessageOfDigest(std::string_view header_bytes, std::string_vie
 
 }  // namespace
 
-std::string SignedMessage(std::string_view header_bytes, std::string_view payload) {
-  return SignedMessageOfDigest(header_bytes, Sha256(payload));
+StatusOr<std::string> SignedMessage(std::string_view header_bytes, std::string_view payload) {
+  CAPSULE_ASSIGN_OR_RETURN(std::string payload_sha256, Sha256(payload));
+  return SignedMessageOfDigest(header_bytes, payload_sha256);
 }
 
 size_t SealedHeaderSize(const SealOptions& options) {
@@ -92,8 +93,9 @@ StatusOr<SealedParts> SealEnvelopeParts(uint64_t payload_size, uint64_t uncompre
   StoreLe32(fixed + 4, 0);
   t.reserve(trailer_size);
   t.append(fixed, sizeof(fixed));
+  CAPSULE_ASSIGN_OR_RETURN(std::string digest, Sha256(message));
   t.append(key_id);
-  t.append(Sha256(message));
+  t.append(digest);
   t.append(signature);
   char tail[4];
   StoreLe32(tail, trailer_size);
@@ -107,8 +109,9 @@ Status SealEnvelopeInPlace(std::string* buffer, uint64_t uncompressed_size,
   const size_t header_size = SealedHeaderSize(options);
   if (buffer->size() < header_size) return InternalError("seal: no room for the header");
   const std::string_view payload = std::string_view(*buffer).substr(header_size);
+  CAPSULE_ASSIGN_OR_RETURN(std::string payload_sha256, Sha256(payload));
   CAPSULE_ASSIGN_OR_RETURN(SealedParts parts, SealEnvelopeParts(payload.size(), uncompressed_size,
-                                                                Sha256(payload), options));
+                                                                payload_sha256, options));
   buffer->replace(0, header_size, parts.header);
   buffer->append(parts.trailer);
   return Status::Ok();
@@ -149,8 +152,12 @@ bool ChecksAsV1(std::string_view file) {
   const uint16_t sig_size = LoadLe16(&file[trailer_at + 2]);
   if (size != trailer_at + kTrailerFixedSize + sig_size) return false;
   const std::string_view digest = file.substr(trailer_at + 8 + kSha256Size, kSha256Size);
-  return Sha256(SignedMessage(file.substr(0, header_size),
-                              file.substr(header_size, payload_size))) == digest;
+  // A digest that cannot be computed checks nothing: the file does not check as 1.x then.
+  StatusOr<std::string> message =
+      SignedMessage(file.substr(0, header_size), file.substr(header_size, payload_size));
+  if (!message.ok()) return false;
+  StatusOr<std::string> computed = Sha256(*message);
+  return computed.ok() && *computed == digest;
 }
 
 constexpr const char kMaybeAltered[] =
@@ -264,8 +271,9 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
   // 9. Digest: integrity of header and payload, signed or not.
   const std::string_view header_bytes = file.substr(0, h.header_size);
   env.payload = file.substr(h.header_size, h.payload_size);
-  const std::string message = SignedMessage(header_bytes, env.payload);
-  if (Sha256(message) != env.info.digest) {
+  CAPSULE_ASSIGN_OR_RETURN(const std::string message, SignedMessage(header_bytes, env.payload));
+  CAPSULE_ASSIGN_OR_RETURN(const std::string digest, Sha256(message));
+  if (digest != env.info.digest) {
     return DataLossError("corrupt capsule (digest mismatch: header or payload bytes changed)");
   }
 
@@ -281,7 +289,8 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
       return DataLossError("corrupt capsule (signer key in the header of an unsigned capsule)");
     }
     env.info.signer_key = std::string(file.substr(kOffSignerKey, kEd25519KeySize));
-    if (Sha256(env.info.signer_key) != env.info.key_id) {
+    CAPSULE_ASSIGN_OR_RETURN(const std::string signer_key_id, Sha256(env.info.signer_key));
+    if (signer_key_id != env.info.key_id) {
       return DataLossError("corrupt capsule (the header's signer key is not the trailer's key id)");
     }
   }
@@ -289,9 +298,7 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
   // 10. Signature, before the payload is decompressed or parsed.
   if (env.info.signature_algorithm == kSigAlgNone) {
     if (!options.allow_unsigned) {
-      return UnauthenticatedError(
-          "capsule is unsigned, so it cannot be verified (inspect and replay read it with "
-          "--allow-unsigned)");
+      return UnauthenticatedError("capsule is unsigned, so it cannot be verified");
     }
     env.info.signature = SignatureState::kUnsigned;
     return env;
@@ -303,21 +310,33 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
   // A key the capsule carries is checked like a trusted one; only trust differs.
   std::optional<PublicKey> carried;
   if (key == nullptr && !env.info.signer_key.empty()) {
-    CAPSULE_ASSIGN_OR_RETURN(carried, PublicKey::FromRaw(env.info.signer_key));
+    StatusOr<PublicKey> k = PublicKey::FromRaw(env.info.signer_key);
+    if (!k.ok() && k.status().code() == StatusCode::kInvalidArgument) {
+      // Intact (the digest covers it) but worthless: a small-order key verifies forgeries.
+      return UnauthenticatedError("capsule's signer key " +
+                                  HexEncode(env.info.key_id).substr(0, 16) + " is " +
+                                  k.status().message() + "; its signature proves nothing");
+    }
+    CAPSULE_RETURN_IF_ERROR(k.status());
+    carried = std::move(*k);
   }
   const PublicKey* check = key != nullptr ? key : (carried ? &*carried : nullptr);
-  if (check != nullptr && !Verify(*check, message, signature).ok()) {
-    return UnauthenticatedError("bad signature: capsule was not signed by key " +
-                                check->KeyIdHex().substr(0, 16) + " or was altered");
+  if (check != nullptr) {
+    Status verified = Verify(*check, message, signature);
+    if (verified.code() == StatusCode::kUnauthenticated) {
+      return UnauthenticatedError("bad signature: capsule was not signed by key " +
+                                  check->KeyIdHex().substr(0, 16) + " or was altered");
+    }
+    CAPSULE_RETURN_IF_ERROR(verified);
   }
   if (key == nullptr) {
     if (!options.allow_untrusted) {
       return UnauthenticatedError(
           "capsule is signed by untrusted key " + HexEncode(env.info.key_id).substr(0, 16) +
-          (carried ? " (the signature is valid)" : "") + "; to trust it, check its key id " +
-          HexEncode(env.info.key_id) +
-          " with the signer, then pass their public key with --pubkey" +
-          (carried ? " (capsule verify --save-signer PUB writes it out of the capsule)" : ""));
+          (carried ? " (the signature is valid)"
+                   : " (format 1.0 carries no signer key: the signature cannot be checked)") +
+          "; to trust it, check its key id " + HexEncode(env.info.key_id) +
+          " with the signer, then trust their public key");
     }
     env.info.signature =
         carried ? SignatureState::kValidUnknownSigner : SignatureState::kNotChecked;

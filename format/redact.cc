@@ -106,12 +106,13 @@ bool IsIntegerDType(int dtype) {
   }
 }
 
-void RedactTokens(v1::Capsule* c) {
+Status RedactTokens(v1::Capsule* c) {
   for (auto& s : *c->mutable_data()->mutable_sequences()) {
     // A sequence redacted before keeps its hash: the ids are gone, re-hashing would hash nothing.
     if (s.token_ids_size() > 0 || s.token_ids_sha256().empty()) {
       const std::vector<int64_t> ids(s.token_ids().begin(), s.token_ids().end());
-      s.set_token_ids_sha256(TokenIdsSha256(ids));
+      CAPSULE_ASSIGN_OR_RETURN(std::string hash, TokenIdsSha256(ids));
+      s.set_token_ids_sha256(hash);
       s.set_token_count(static_cast<int64_t>(ids.size()));
     }
     s.clear_token_ids();
@@ -131,6 +132,7 @@ void RedactTokens(v1::Capsule* c) {
   });
   EraseIf(c->mutable_data()->mutable_tensor_names(),
           [&](const std::string& name) { return removed.count(name) > 0; });
+  return Status::Ok();
 }
 
 std::string BaseName(std::string path) {
@@ -243,7 +245,7 @@ Status ParseRedactItems(std::string_view list, RedactOptions* options) {
   return Status::Ok();
 }
 
-std::string TokenIdsSha256(const std::vector<int64_t>& ids) {
+StatusOr<std::string> TokenIdsSha256(const std::vector<int64_t>& ids) {
   Sha256Hasher hasher;
   for (int64_t id : ids) {
     // Spelled out byte by byte: the hash must not depend on the host's byte order.
@@ -252,7 +254,8 @@ std::string TokenIdsSha256(const std::vector<int64_t>& ids) {
     for (int b = 0; b < 8; ++b) le[b] = static_cast<unsigned char>(u >> (8 * b));
     hasher.Update(le, sizeof(le));
   }
-  return HexEncode(hasher.Finish());
+  CAPSULE_ASSIGN_OR_RETURN(std::string raw, hasher.Finish());
+  return HexEncode(raw);
 }
 
 Status RedactCapsule(v1::Capsule* capsule, const RedactOptions& options) {
@@ -271,7 +274,7 @@ Status RedactCapsule(v1::Capsule* capsule, const RedactOptions& options) {
   // Text first: it reads the raw texts the other items do not touch, and must see the log lines
   // before paths and host rewrite them.
   if (options.text) RedactText(capsule);
-  if (options.tokens) RedactTokens(capsule);
+  if (options.tokens) CAPSULE_RETURN_IF_ERROR(RedactTokens(capsule));
   if (options.paths) RedactPaths(capsule);
   if (options.host) RedactHost(capsule);
 

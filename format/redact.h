@@ -21,7 +21,7 @@
 //
 //   capsule::RedactOptions options;
 //   options.text = options.tokens = true;
-//   options.source_sha256 = capsule::Sha256Hex(file_bytes);
+//   options.source_sha256 = *capsule::Sha256Hex(file_bytes);   // or CAPSULE_ASSIGN_OR_RETURN
 //   CAPSULE_RETURN_IF_ERROR(capsule::RedactCapsule(&capsule_msg, options));
 //
 // Thread safety: thread-safe; the message must not be shared while it is redacted.
@@ -76,7 +76,8 @@ std::string JoinRedactItemNames(std::string_view separator);
 Status ParseRedactItems(std::string_view list, RedactOptions* options);
 
 // Lowercase hex SHA-256 of the ids as little-endian int64s: Sequence.token_ids_sha256.
-std::string TokenIdsSha256(const std::vector<int64_t>& ids);
+// kInternal when SHA-256 cannot be computed (base/sha256.h).
+StatusOr<std::string> TokenIdsSha256(const std::vector<int64_t>& ids);
 
 Status RedactCapsule(v1::Capsule* capsule, const RedactOptions& options);
 

@@ -1,5 +1,6 @@
 #include "capsule/format/signing.h"
 
+#include <openssl/bn.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -9,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 
 #include "capsule/base/file_util.h"
@@ -73,6 +75,90 @@ StatusOr<std::string> RawKey(EVP_PKEY* pkey, bool is_private) {
   return raw;
 }
 
+struct BnCtxDeleter {
+  void operator()(BN_CTX* c) const { BN_CTX_free(c); }
+};
+struct BnDeleter {
+  void operator()(BIGNUM* b) const { BN_free(b); }
+};
+using BnPtr = std::unique_ptr<BIGNUM, BnDeleter>;
+
+// The y coordinates (little-endian, sign bit clear) of the eight points of small order, whose
+// encodings are every public key a signature can be forged for without a private key: 1 (the
+// identity), p-1 (order 2), 0 (order 4, two points), and the two of order 8 (libsodium's
+// blocklist, less its non-canonical entries, which the canonical check refuses first).
+constexpr unsigned char kSmallOrderY[][kEd25519KeySize] = {
+    {0x00},
+    {0x01},
+    {0xec, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f},
+    {0x26, 0xe8, 0x95, 0x8f, 0xc2, 0xb2, 0x27, 0xb0, 0x45, 0xc3, 0xf4,
+     0x89, 0xf2, 0xef, 0x98, 0xf0, 0xd5, 0xdf, 0xac, 0x05, 0xd3, 0xc6,
+     0x33, 0x39, 0xb1, 0x38, 0x02, 0x88, 0x6d, 0x53, 0xfc, 0x05},
+    {0xc7, 0x17, 0x6a, 0x70, 0x3d, 0x4d, 0xd8, 0x4f, 0xba, 0x3c, 0x0b,
+     0x76, 0x0d, 0x10, 0x67, 0x0f, 0x2a, 0x20, 0x53, 0xfa, 0x2c, 0x39,
+     0xcc, 0xc6, 0x4e, 0xc7, 0xfd, 0x77, 0x92, 0xac, 0x03, 0x7a},
+};
+
+// RFC 8032 §5.1.3 decoding of a public key, without keeping the point: the point must not be of
+// small order, y must be below p = 2^255 - 19, and x^2 = (y^2 - 1) / (d y^2 + 1) must have a root
+// (Euler's criterion).
+Status CheckEd25519PublicKey(std::string_view raw) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(raw.data());
+  unsigned char y_le[kEd25519KeySize];
+  std::memcpy(y_le, bytes, kEd25519KeySize);
+  y_le[kEd25519KeySize - 1] &= 0x7f;  // the sign of x
+  const std::string invalid = "not a valid Ed25519 public key: ";
+  for (const auto& small : kSmallOrderY) {
+    if (std::memcmp(y_le, small, kEd25519KeySize) == 0) {
+      return InvalidArgumentError(invalid +
+                                  "a point of small order, for which anyone can make a signature "
+                                  "that verifies");
+    }
+  }
+  std::unique_ptr<BN_CTX, BnCtxDeleter> ctx(BN_CTX_new());
+  BnPtr p(BN_new()), y(BN_lebin2bn(y_le, kEd25519KeySize, nullptr)), d(BN_new()), t(BN_new()),
+      u(BN_new()), v(BN_new()), w(BN_new()), one(BN_new());
+  const auto failed = [] {
+    return InternalError("cannot check the public key: " + OpenSslError());
+  };
+  if (!ctx || !p || !y || !d || !t || !u || !v || !w || !one) return failed();
+  // p = 2^255 - 19; d = -121665 / 121666 mod p.
+  if (BN_set_word(one.get(), 1) != 1 || BN_lshift(p.get(), one.get(), 255) != 1 ||
+      BN_sub_word(p.get(), 19) != 1) {
+    return failed();
+  }
+  if (BN_cmp(y.get(), p.get()) >= 0) {
+    return InvalidArgumentError(invalid + "y is not below 2^255-19 (a non-canonical encoding)");
+  }
+  if (BN_set_word(t.get(), 121666) != 1 ||
+      BN_mod_inverse(d.get(), t.get(), p.get(), ctx.get()) == nullptr ||
+      BN_set_word(t.get(), 121665) != 1 ||
+      BN_mod_mul(d.get(), d.get(), t.get(), p.get(), ctx.get()) != 1 ||
+      BN_mod_sub(d.get(), p.get(), d.get(), p.get(), ctx.get()) != 1) {
+    return failed();
+  }
+  // u = y^2 - 1, v = d y^2 + 1 (never 0: d is not a square), w = u / v.
+  if (BN_mod_sqr(t.get(), y.get(), p.get(), ctx.get()) != 1 ||
+      BN_mod_sub(u.get(), t.get(), one.get(), p.get(), ctx.get()) != 1 ||
+      BN_mod_mul(v.get(), d.get(), t.get(), p.get(), ctx.get()) != 1 ||
+      BN_mod_add(v.get(), v.get(), one.get(), p.get(), ctx.get()) != 1 ||
+      BN_mod_inverse(v.get(), v.get(), p.get(), ctx.get()) == nullptr ||
+      BN_mod_mul(w.get(), u.get(), v.get(), p.get(), ctx.get()) != 1) {
+    return failed();
+  }
+  // w = x^2 is a square iff w^((p-1)/2) = 1. (w = 0, x = 0, only for y = 1 or p-1: small order,
+  // refused above, as is the sign bit RFC 8032 forbids with x = 0.)
+  if (BN_copy(t.get(), p.get()) == nullptr || BN_sub_word(t.get(), 1) != 1 ||
+      BN_rshift1(t.get(), t.get()) != 1 ||
+      BN_mod_exp(t.get(), w.get(), t.get(), p.get(), ctx.get()) != 1) {
+    return failed();
+  }
+  if (!BN_is_one(t.get())) return InvalidArgumentError(invalid + "not a point of the curve");
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<PublicKey> PublicKey::FromRaw(std::string_view raw) {
@@ -80,13 +166,14 @@ StatusOr<PublicKey> PublicKey::FromRaw(std::string_view raw) {
     return InvalidArgumentError("an Ed25519 public key is 32 bytes, got " +
                                 std::to_string(raw.size()));
   }
+  CAPSULE_RETURN_IF_ERROR(CheckEd25519PublicKey(raw));
   PublicKey key;
   key.raw_ = std::string(raw);
+  CAPSULE_ASSIGN_OR_RETURN(key.key_id_, Sha256(raw));
   return key;
 }
 
-std::string PublicKey::KeyId() const { return Sha256(raw_); }
-std::string PublicKey::KeyIdHex() const { return HexEncode(KeyId()); }
+std::string PublicKey::KeyIdHex() const { return HexEncode(key_id_); }
 
 StatusOr<std::string> PublicKey::ToPem() const {
   PkeyPtr pkey(EVP_PKEY_new_raw_public_key(
@@ -285,7 +372,8 @@ Status Verify(const PublicKey& key, std::string_view message, std::string_view s
   PkeyPtr pkey(EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr,
                                            reinterpret_cast<const unsigned char*>(key.raw().data()),
                                            key.raw().size()));
-  if (!pkey) return InvalidArgumentError("not a usable Ed25519 public key: " + OpenSslError());
+  // OpenSSL takes any 32 bytes as a raw key: a failure here is OpenSSL's, not the key's.
+  if (!pkey) return InternalError("cannot verify: " + OpenSslError());
   std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> ctx(EVP_MD_CTX_new());
   if (!ctx || EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) != 1) {
     return InternalError("cannot verify: " + OpenSslError());
@@ -293,6 +381,8 @@ Status Verify(const PublicKey& key, std::string_view message, std::string_view s
   const int rc = EVP_DigestVerify(
       ctx.get(), reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
       reinterpret_cast<const unsigned char*>(message.data()), message.size());
+  // 0 is a signature that does not verify; below 0, OpenSSL could not tell.
+  if (rc < 0) return InternalError("cannot verify: " + OpenSslError());
   ERR_clear_error();
   if (rc != 1) return UnauthenticatedError("bad signature");
   return Status::Ok();

@@ -27,17 +27,22 @@ inline constexpr size_t kEd25519SignatureSize = 64;
 
 class PublicKey {
  public:
-  // `raw` must be 32 bytes.
+  // `raw` must be 32 bytes encoding a point of the curve (RFC 8032 §5.1.3) that is not of small
+  // order: kInvalidArgument "not a valid Ed25519 public key: ..." otherwise. A small-order key
+  // (the identity, all zeros, ...) verifies signatures anyone can make without a private key, so
+  // such a key is refused wherever one is read: a --pubkey file, the key a capsule carries.
+  // kInternal when its key id cannot be computed (sha256.h).
   static StatusOr<PublicKey> FromRaw(std::string_view raw);
   const std::string& raw() const { return raw_; }
   // SHA-256 of the raw key (32 bytes): how a capsule names its signer.
-  std::string KeyId() const;
+  const std::string& KeyId() const { return key_id_; }
   std::string KeyIdHex() const;
   // SubjectPublicKeyInfo PEM ("-----BEGIN PUBLIC KEY-----").
   StatusOr<std::string> ToPem() const;
 
  private:
   std::string raw_;
+  std::string key_id_;  // computed once, by FromRaw
 };
 
 class PrivateKey {
@@ -99,7 +104,8 @@ StatusOr<KeyFilePaths> SaveKeyPairFiles(const KeyPair& pair, const std::string& 
 
 // Pure Ed25519 (RFC 8032) over `message`; 64-byte signature.
 StatusOr<std::string> Sign(const PrivateKey& key, std::string_view message);
-// OK when `signature` is a valid signature of `message` by `key`; kUnauthenticated otherwise.
+// OK when `signature` is a valid signature of `message` by `key`; kUnauthenticated when it is not;
+// kInternal when OpenSSL cannot check it (then nothing is said about the signature).
 Status Verify(const PublicKey& key, std::string_view message, std::string_view signature);
 
 }  // namespace capsule

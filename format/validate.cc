@@ -10,6 +10,7 @@
 
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
+#include "capsule/format/derivation.h"
 #include "capsule/format/dtype.h"
 #include "capsule/proto/capsule.pb.h"
 
@@ -269,6 +270,38 @@ Status ValidateBounds(const v1::Capsule& c) {
   return Status::Ok();
 }
 
+// Capsule.derivations (FORMAT.md §3.1): what a reader holds the capsule's trust to, so every entry
+// must say it plainly.
+Status ValidateDerivations(const v1::Capsule& c) {
+  if (c.derivations_size() > kMaxDerivations) {
+    return Invalid("derivations", "must hold at most " + std::to_string(kMaxDerivations) +
+                                      " entries, not " + std::to_string(c.derivations_size()));
+  }
+  for (int i = 0; i < c.derivations_size(); ++i) {
+    const v1::Derivation& d = c.derivations(i);
+    const std::string where = "derivations[" + std::to_string(i) + "]";
+    if (!IsDerivationToolName(d.tool())) {
+      return Invalid(where + ".tool", "must be 1 to 32 characters of a-z, 0-9, '-' and '_'");
+    }
+    if (!IsSha256Hex(d.source_sha256())) {
+      return Invalid(where + ".source_sha256", "must be 64 lowercase hex characters");
+    }
+    if (d.source_trust() == v1::TRUST_UNSPECIFIED) {
+      return Invalid(where + ".source_trust", "must be set");
+    }
+    if (d.source_trust() == v1::TRUST_UNSIGNED ? !d.source_signer_key_id().empty()
+                                               : !IsSha256Hex(d.source_signer_key_id())) {
+      return Invalid(where + ".source_signer_key_id",
+                     "must be 64 lowercase hex characters, and empty for an unsigned source");
+    }
+    if (d.derived_unix_micros() != 0 && !IsSaneTime(d.derived_unix_micros())) {
+      return Invalid(where + ".derived_unix_micros",
+                     std::string("must be 0 (unset) or a time ") + kTimeRange);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status CheckTensorDataViews(const v1::Capsule& c, const TensorDataViews* views) {
@@ -457,6 +490,7 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     return Invalid("redaction.redacted_unix_micros",
                    std::string("must be 0 (unset) or a time ") + kTimeRange);
   }
+  CAPSULE_RETURN_IF_ERROR(ValidateDerivations(c));
   if (!c.has_trigger() || c.trigger().kind() == v1::TRIGGER_KIND_UNSPECIFIED) {
     return Invalid("trigger.kind", "must be set");
   }
@@ -519,9 +553,11 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
       return Invalid("identity", "model_sha256/config_sha256 must be 64 lowercase hex characters");
     }
   }
-  if (!c.identity().config_sha256().empty() &&
-      Sha256Hex(c.identity().config_text()) != c.identity().config_sha256()) {
-    return Invalid("identity.config_sha256", "does not match config_text");
+  if (!c.identity().config_sha256().empty()) {
+    CAPSULE_ASSIGN_OR_RETURN(const std::string config_hash, Sha256Hex(c.identity().config_text()));
+    if (config_hash != c.identity().config_sha256()) {
+      return Invalid("identity.config_sha256", "does not match config_text");
+    }
   }
 
   std::set<std::string> rng_names;
@@ -622,8 +658,9 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
                                 std::to_string(expected) + " for " + ShapeString(t.meta()));
     }
     if (!IsSha256Hex(t.sha256())) return Invalid(where, "sha256 must be 64 lowercase hex");
-    if (options.verify_tensor_digests && Sha256Hex(data) != t.sha256()) {
-      return Invalid(where, "sha256 does not match data");
+    if (options.verify_tensor_digests) {
+      CAPSULE_ASSIGN_OR_RETURN(const std::string data_hash, Sha256Hex(data));
+      if (data_hash != t.sha256()) return Invalid(where, "sha256 does not match data");
     }
   }
   for (int i = 0; i < c.data().tensor_names_size(); ++i) {

@@ -63,7 +63,8 @@ StatusOr<std::string> HashFile(const RandomAccessFile& file) {
     hasher.Update(buffer.data(), n);
     at += n;
   }
-  return HexEncode(hasher.Finish());
+  CAPSULE_ASSIGN_OR_RETURN(const std::string digest, hasher.Finish());
+  return HexEncode(digest);
 }
 
 // Each storage read straight into a tensor of its own, and each named tensor a view of it (sizes,
@@ -177,8 +178,9 @@ StatusOr<std::vector<TensorDigestInfo>> TensorDigests(const std::vector<NamedTen
                                     ", which a capsule cannot name");
       }
       d.shape.assign(c.sizes().begin(), c.sizes().end());
-      d.sha256 = Sha256Hex(std::string_view(static_cast<const char*>(c.data_ptr()),
-                                            static_cast<size_t>(c.numel()) * c.element_size()));
+      CAPSULE_ASSIGN_OR_RETURN(
+          d.sha256, Sha256Hex(std::string_view(static_cast<const char*>(c.data_ptr()),
+                                               static_cast<size_t>(c.numel()) * c.element_size())));
       out.push_back(std::move(d));
     }
   } catch (const c10::Error& e) {

@@ -48,7 +48,8 @@ StatusOr<std::string> CanonicalModelHash(const std::vector<NamedTensor>& paramet
     return InternalError(std::string("cannot hash the model parameters: ") +
                          e.what_without_backtrace());
   }
-  return HexEncode(h.Finish());
+  CAPSULE_ASSIGN_OR_RETURN(std::string raw, h.Finish());
+  return HexEncode(raw);
 }
 
 StatusOr<FileHash> HashFile(const std::string& path) {
@@ -58,7 +59,7 @@ StatusOr<FileHash> HashFile(const std::string& path) {
   const size_t slash = path.rfind('/');
   f.name = slash == std::string::npos ? path : path.substr(slash + 1);
   f.size_bytes = static_cast<int64_t>(bytes.size());
-  f.sha256 = Sha256Hex(bytes);
+  CAPSULE_ASSIGN_OR_RETURN(f.sha256, Sha256Hex(bytes));
   return f;
 }
 

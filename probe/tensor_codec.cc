@@ -91,7 +91,8 @@ StatusOr<at::Tensor> TensorToBlobHeld(const std::string& name, const at::Tensor&
     blob->set_name(name);
     FillTensorMeta(t, blob->mutable_meta());
     at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    blob->set_sha256(Sha256Hex(TensorBytes(c)));  // little-endian hosts only
+    CAPSULE_ASSIGN_OR_RETURN(std::string sha256, Sha256Hex(TensorBytes(c)));
+    blob->set_sha256(sha256);  // little-endian hosts only
     return c;
   } catch (const c10::Error& e) {
     return InternalError("cannot read tensor " + name + ": " + e.what_without_backtrace());

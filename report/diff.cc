@@ -20,6 +20,14 @@ namespace {
 
 std::string Shown(const std::string& s) { return s.empty() ? "-" : s; }
 
+// A long text as the diff shows it: its SHA-256, or its size when the hash cannot be computed;
+// "" for no text.
+std::string TextDigest(const std::string& text) {
+  if (text.empty()) return "";
+  StatusOr<std::string> hex = Sha256Hex(text);
+  return hex.ok() ? *hex : std::to_string(text.size()) + " bytes (SHA-256 unavailable)";
+}
+
 std::string Join(const google::protobuf::RepeatedPtrField<std::string>& items) {
   std::string out;
   for (const auto& s : items) out += (out.empty() ? "" : " ") + s;
@@ -43,7 +51,12 @@ class Differ {
 
   void Str(const char* section, const std::string& key, const std::string& a, const std::string& b,
            std::string note = "") {
-    if (a != b) out_->push_back({section, key, Shown(a), Shown(b), std::move(note)});
+    if (a != b) Row(section, key, a, b, std::move(note));
+  }
+  // A row whatever a and b are: for a difference decided on something else than what is shown.
+  void Row(const char* section, const std::string& key, const std::string& a, const std::string& b,
+           std::string note = "") {
+    out_->push_back({section, key, Shown(a), Shown(b), std::move(note)});
   }
   void Int(const char* section, const std::string& key, int64_t a, int64_t b) {
     if (a != b) out_->push_back({section, key, std::to_string(a), std::to_string(b), ""});
@@ -112,10 +125,12 @@ void DiffIdentity(const v1::Capsule& a, const v1::Capsule& b, Differ& d,
   }
   d.Str("identity", "config_sha256", x.config_sha256(), y.config_sha256());
   if (x.config_text() != y.config_text()) DiffConfigText(x.config_text(), y.config_text(), out);
-  // The template text can be long; its hash says whether it changed.
-  d.Str("identity", "chat_template sha256",
-        x.chat_template().empty() ? "" : Sha256Hex(x.chat_template()),
-        y.chat_template().empty() ? "" : Sha256Hex(y.chat_template()));
+  // The template text can be long: the row shows its hash. Whether it changed is decided on the
+  // text itself, so a hash that cannot be computed never makes two templates equal.
+  if (x.chat_template() != y.chat_template()) {
+    d.Row("identity", "chat_template sha256", TextDigest(x.chat_template()),
+          TextDigest(y.chat_template()));
+  }
   d.Str("identity", "code_revision", x.code_revision(), y.code_revision());
 }
 
@@ -278,9 +293,12 @@ std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff) {
   return out.str();
 }
 
-std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff) {
+std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff, const v1::InputTrust* a,
+                           const v1::InputTrust* b) {
   v1::CapsuleDiff json;
   json.set_equivalent(diff.empty());
+  if (a != nullptr) *json.mutable_a_trust() = *a;
+  if (b != nullptr) *json.mutable_b_trust() = *b;
   const size_t shown = std::min(diff.size(), kMaxDiffJsonRows);
   if (shown < diff.size()) json.set_differences_left_out(static_cast<int64_t>(diff.size() - shown));
   for (size_t i = 0; i < shown; ++i) {

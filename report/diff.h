@@ -20,6 +20,10 @@
 
 #include "capsule/format/capsule_fwd.h"
 
+namespace capsule::v1 {
+class InputTrust;
+}  // namespace capsule::v1
+
 namespace capsule {
 
 struct CapsuleDifference {
@@ -43,8 +47,10 @@ inline constexpr size_t kMaxDiffJsonRows = 10000;
 // cursor nor reorder the line.
 std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff);
 // A capsule.v1.CapsuleDiff (proto/report.proto) in protobuf's JSON mapping:
-// {"equivalent":bool,"differences":[{"section","key","a","b","note"}...]}
-std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff);
+// {"equivalent":bool,"differences":[{"section","key","a","b","note"}...]}, with how far each
+// capsule was trusted ("a_trust", "b_trust") when given (not owned).
+std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff,
+                           const v1::InputTrust* a = nullptr, const v1::InputTrust* b = nullptr);
 
 }  // namespace capsule
 

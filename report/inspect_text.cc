@@ -7,6 +7,7 @@
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
+#include "capsule/format/derivation.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
@@ -92,6 +93,11 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
   out << "  written by capsule " << PrintableShort(c.writer_version()) << " at "
       << FormatUnixMicrosUtc(c.created_unix_micros()) << ", run \"" << PrintableShort(c.run_name())
       << "\"\n";
+  // Oldest first; the capsule is trusted no further than the least trusted of these.
+  for (const v1::Derivation& d : c.derivations()) {
+    out << "  derived " << FormatUnixMicrosUtc(d.derived_unix_micros()) << ": "
+        << DescribeDerivation(d) << "\n";
+  }
 
   const v1::Trigger& t = c.trigger();
   out << "trigger: " << v1::TriggerKind_Name(t.kind()) << " at step " << c.step().global_step()

@@ -12,8 +12,10 @@
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
+#include "capsule/format/derivation.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/proto/report.pb.h"
 #include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/replay_text.h"
@@ -282,6 +284,14 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
     m.trust_warning = "this capsule's signature was NOT CHECKED: signer key " + m.signer_key_id +
                       " is not a trusted key (--pubkey); treat its contents as untrusted";
   }
+  // Whoever signed it, what it was made from is only as trusted as its maker found it.
+  for (const v1::Derivation& d : c.derivations()) m.derivations.push_back(DescribeDerivation(d));
+  if (const v1::Derivation* d = UntrustedSource(c)) {
+    m.trust_warning += std::string(m.trust_warning.empty() ? "" : "; and ") + "this capsule was " +
+                       DescribeDerivation(*d) +
+                       ": its contents come from a capsule no trusted key vouches for";
+  }
+  if (options.trust != nullptr) m.trust = std::make_shared<const v1::InputTrust>(*options.trust);
   m.file_name = cap.Text(BaseName(options.file_name));
   m.file_sha256 = options.file_sha256;
   const bool left_out[] = {redact.text, redact.tokens, redact.paths, redact.host};

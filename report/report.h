@@ -31,6 +31,7 @@
 #include "capsule/format/redact.h"
 
 namespace capsule::v1 {
+class InputTrust;
 class ReplayReport;
 }  // namespace capsule::v1
 
@@ -74,6 +75,9 @@ struct ReportOptions {
   std::string file_name = "CAPSULE";
   // Sha256Hex of the capsule file's bytes; empty leaves it out.
   std::string file_sha256;
+  // How far the command that reads the capsule trusts it (proto/report.proto), for the JSON's
+  // "trust"; null leaves it out. Not owned; copied.
+  const v1::InputTrust* trust = nullptr;
   ReportRedaction redact;
   // Rows of the step-history table (the newest ones); the chart always shows the whole history.
   int max_history_rows = 16;
@@ -194,10 +198,14 @@ struct ReportReplay {
 };
 
 struct ReportModel {
-  // Trust: "verified", "unsigned" or "not checked", and a warning shown first when not verified.
+  // Trust: "verified", "unsigned" or "not checked", and a warning shown first when not verified,
+  // or when the capsule was made from one no trusted key vouches for.
   std::string signature;
   std::string signer_key_id;  // hex; empty when unsigned
   std::string trust_warning;
+  // How the capsule was made from others (DescribeDerivation, format/derivation.h), oldest first.
+  std::vector<std::string> derivations;
+  std::shared_ptr<const v1::InputTrust> trust;  // ReportOptions::trust; null when not given
   std::string file_name;
   std::string file_sha256;
   std::vector<std::string> redacted;  // what this report leaves out, e.g. {"text", "host"}

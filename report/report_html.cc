@@ -329,6 +329,7 @@ void Provenance(std::ostream& out, const ReportModel& m) {
       {"signature", m.signature + (m.signer_key_id.empty() ? std::string()
                                                            : ", ed25519 key " + m.signer_key_id)});
   head.push_back({"written", "capsule " + m.writer_version + " at " + m.created});
+  for (const std::string& d : m.derivations) head.push_back({"made from", d});
   if (!m.model_registry_name.empty()) {
     head.push_back({"model", m.model_registry_name +
                                  (m.model_path.empty() ? "" : " (" + m.model_path + " path)")});

@@ -106,6 +106,8 @@ std::string RenderJson(const ReportModel& m) {
   j.set_signature(m.signature);
   SetIfPresent(m.signer_key_id, [&j](const auto& v) { j.set_signer_key_id(v); });
   for (const auto& r : m.redacted) j.add_redacted(r);
+  for (const auto& d : m.derivations) j.add_derivations(d);
+  if (m.trust != nullptr) *j.mutable_trust() = *m.trust;
   for (const auto& note : m.left_out) j.add_left_out(note);
   FillKeyValues(m.private_data, j.mutable_private_data());
   j.set_summary(m.summary);

@@ -114,6 +114,7 @@ void Provenance(std::ostream& out, const ReportModel& m) {
   out << " |\n";
   out << "| written | capsule " << MarkdownEscape(m.writer_version) << " at " << m.created
       << " |\n";
+  for (const std::string& d : m.derivations) out << "| made from | " << MarkdownEscape(d) << " |\n";
   if (!m.model_registry_name.empty()) {
     out << "| model | " << MarkdownEscape(m.model_registry_name);
     if (!m.model_path.empty()) out << " (" << m.model_path << " path)";

@@ -5,6 +5,7 @@
 # `capsule verify` does, so the two can be compared on any file:
 #   FILE: OK, signed by key <64 hex>                          exit 0
 #   FILE: UNTRUSTED, valid signature by unknown key <64 hex>  exit 3 (no --pubkey names the signer)
+#   FILE: UNTRUSTED, signed by key <64 hex>; made by ...     exit 3 (made from an untrusted capsule)
 #   FILE: FAILED (DATA_LOSS)    exit 3 for UNAUTHENTICATED, 4 for DATA_LOSS, OUT_OF_RANGE and
 #                               INVALID_ARGUMENT, else 2; always 2 when check 1 fails (the file
 #                               was not judged)
@@ -163,6 +164,20 @@ if [ $(($(le H 20 4) & 8)) -ne 0 ]; then
   dd if="$file" of="$work/key.raw" bs=32 iflag=skip_bytes skip=48 count=1 status=none
   [ "$(sha256_hex "$work/key.raw")" = "$key_id" ] ||
     fail DATA_LOSS "corrupt capsule (the header's signer key is not the trailer's key id)"
+  # A key of small order verifies signatures anyone can make without its private key: refused
+  # whatever the signature says (libsodium's list; the sign bit of x does not matter).
+  y=$(od -An -tx1 -v "$work/key.raw" | tr -d ' \n')
+  y="${y:0:62}$(printf %02x $((0x${y:62:2} & 0x7f)))"
+  case "$y" in
+    0000000000000000000000000000000000000000000000000000000000000000 | \
+    0100000000000000000000000000000000000000000000000000000000000000 | \
+    ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f | \
+    edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f | \
+    eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f | \
+    26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05 | \
+    c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a)
+      fail UNAUTHENTICATED "capsule's signer key ${key_id:0:16} is not a valid Ed25519 public key: a point of small order" ;;
+  esac
   { printf '\x30\x2a\x30\x05\x06\x03\x2b\x65\x70\x03\x21\x00'; cat "$work/key.raw"; } > "$work/key.der"
   openssl pkey -pubin -inform DER -in "$work/key.der" -out "$work/carried.pem" 2>/dev/null ||
     fail UNAUTHENTICATED "the header's signer key is not an Ed25519 public key"
@@ -256,6 +271,46 @@ zstd -q -d -c "$work/payload.zst" > "$work/payload.bin" 2> "$work/zstd.err" ||
 protoc --decode=capsule.v1.Capsule -I "$proto_root" "$proto_root/proto/capsule.proto" \
   < "$work/payload.bin" > "$work/capsule.txt" 2> "$work/protoc.err" ||
   fail DATA_LOSS "corrupt payload (not a capsule.v1.Capsule message)"
+
+# 21. What the capsule was made from (Capsule.derivations, FORMAT.md §3.1): the least trusted
+# source whose maker did not verify its signer, the first of the weakest. The capsule is trusted
+# no further: a source that was unsigned is refused as an unsigned capsule is, and a signature
+# by a trusted key over a capsule made from an untrusted one is not trusted.
+rank_of() {
+  case "$1" in
+    TRUST_VALID_UNKNOWN_SIGNER) echo 1 ;; TRUST_NOT_CHECKED) echo 2 ;; TRUST_UNSIGNED) echo 3 ;;
+    *) echo 0 ;;
+  esac
+}
+unquote() { local v=${1#\"}; echo "${v%\"}"; }
+weakest=0; in_derivation=0
+while IFS= read -r line; do
+  case "$line" in
+    "derivations {") in_derivation=1; d_tool=""; d_sha=""; d_trust=""; d_key="" ;;
+    "}")
+      if [ "$in_derivation" -eq 1 ] && [ "$(rank_of "$d_trust")" -gt "$weakest" ]; then
+        weakest=$(rank_of "$d_trust"); w_tool=$d_tool; w_sha=$d_sha; w_key=$d_key
+      fi
+      in_derivation=0 ;;
+    "  tool: "*) d_tool=$(unquote "${line#  tool: }") ;;
+    "  source_sha256: "*) d_sha=$(unquote "${line#  source_sha256: }") ;;
+    "  source_trust: "*) d_trust=${line#  source_trust: } ;;
+    "  source_signer_key_id: "*) d_key=$(unquote "${line#  source_signer_key_id: }") ;;
+  esac
+done < "$work/capsule.txt"
+if [ "$weakest" -gt 0 ]; then
+  made="made by $w_tool from capsule ${w_sha:0:16}"
+  case "$weakest" in
+    1) made="$made, valid signature by key ${w_key:0:16}, NOT trusted by its maker" ;;
+    2) made="$made, signed by key ${w_key:0:16} (format 1.0), signature NOT checked by its maker" ;;
+    3) made="$made, which was UNSIGNED" ;;
+  esac
+  [ "$weakest" -lt 3 ] || [ "$allow_unsigned" -eq 1 ] || fail UNAUTHENTICATED "capsule was $made"
+  if [ "$exit_status" -eq 0 ] && [ "${verdict#OK, signed by key}" != "$verdict" ]; then
+    verdict="UNTRUSTED, signed by key $key_id; $made"
+    exit_status=3
+  fi
+fi
 
 echo "$file: $verdict"
 exit "$exit_status"

@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
 #include "capsule/format/capsule_writer.h"
+#include "capsule/format/derivation.h"
 #include "capsule/format/envelope.h"
 
 namespace capsule::golden {
@@ -118,7 +120,7 @@ v1::TensorBlob MakeFloatBlob(const std::string& name, const std::vector<int64_t>
   t.mutable_meta()->set_device("cpu");
   std::string data(values.size() * sizeof(float), '\0');
   std::memcpy(data.data(), values.data(), data.size());  // x86-64 and aarch64: little-endian
-  t.set_sha256(Sha256Hex(data));
+  t.set_sha256(*Sha256Hex(data));
   t.set_data(std::move(data));
   return t;
 }
@@ -193,12 +195,12 @@ v1::Capsule MakeFullCapsule() {
   f.set_name("tokenizer.json");
   f.set_path("/data/tiny/tokenizer.json");
   f.set_size_bytes(static_cast<int64_t>(tokenizer.size()));
-  f.set_sha256(Sha256Hex(tokenizer));
-  id.set_model_sha256(Sha256Hex("golden model"));
+  f.set_sha256(*Sha256Hex(tokenizer));
+  id.set_model_sha256(*Sha256Hex("golden model"));
   id.set_model_parameter_count(12);
   id.set_chat_template("{{ user }}\n{{ assistant }}");
   id.set_config_text("lr: 3e-4\nbatch: 2\n");
-  id.set_config_sha256(Sha256Hex(id.config_text()));
+  id.set_config_sha256(*Sha256Hex(id.config_text()));
   id.set_code_revision("0123456789abcdef0123456789abcdef01234567");
 
   v1::RngBlob& g = *c.mutable_rng()->add_generators();
@@ -252,7 +254,7 @@ v1::Capsule MakeFullCapsule() {
   for (const auto& seq : data.sequences()) {
     for (int64_t tok : seq.token_ids()) id_bytes.append(reinterpret_cast<const char*>(&tok), 8);
   }
-  ids.set_sha256(Sha256Hex(id_bytes));
+  ids.set_sha256(*Sha256Hex(id_bytes));
   ids.set_data(id_bytes);
   ids.set_role(v1::BATCH_INPUT);
   *c.add_tensors() = ids;
@@ -310,16 +312,16 @@ v1::Capsule MakeFullCapsule() {
   v1::WeightsReference& ref = *m.mutable_weights_reference();
   ref.set_path("/data/ckpt/model-step4.pt");
   ref.set_size_bytes(1 << 20);
-  ref.set_file_sha256(Sha256Hex("golden checkpoint file"));
+  ref.set_file_sha256(*Sha256Hex("golden checkpoint file"));
   ref.set_format("torch_pickle");
-  ref.set_tensors_sha256(Sha256Hex("golden checkpoint tensors"));
+  ref.set_tensors_sha256(*Sha256Hex("golden checkpoint tensors"));
   for (const char* name : {"blocks.0.weight", "embed.weight"}) {
     v1::TensorDigest& d = *ref.add_tensors();
     d.set_name(name);
     d.set_dtype("Float");
     d.add_shape(4);
     d.add_shape(4);
-    d.set_sha256(Sha256Hex(name));
+    d.set_sha256(*Sha256Hex(name));
   }
   ref.set_matches_step(true);
 
@@ -421,6 +423,30 @@ StatusOr<std::vector<GoldenFile>> MakeGoldenFiles(const PrivateKey& key, const P
   CAPSULE_ASSIGN_OR_RETURN(std::string other_bytes,
                            EncodeCapsule(MakeMinimalCapsule(), other_opts));
   files.push_back({"invalid/other_key.capsule", other_bytes, StatusCode::kUnauthenticated});
+
+  // Made from other capsules (format/derivation.h): from minimal.capsule, whose signer the maker
+  // trusted, and from other_key.capsule, whose signer it did not. Both signed with `key`; the
+  // second is refused by a reader trusting `key` alone, as its source would be.
+  constexpr int64_t kDerivedAt = 1780000000000000;
+  for (const auto& [name, source, trusted] :
+       {std::tuple<const char*, const std::string*, bool>{"valid/derived.capsule", &minimal, true},
+        {"valid/derived-from-untrusted.capsule", &other_bytes, false}}) {
+    OpenOptions open;
+    if (trusted) {
+      CAPSULE_ASSIGN_OR_RETURN(PublicKey pub, key.GetPublicKey());
+      open.trusted_keys.push_back(pub);
+    } else {
+      open.allow_untrusted = true;
+    }
+    CAPSULE_ASSIGN_OR_RETURN(OpenedEnvelope source_env, OpenEnvelope(*source, open));
+    CAPSULE_ASSIGN_OR_RETURN(std::string source_sha256, Sha256Hex(*source));
+    v1::Capsule derived = MakeMinimalCapsule();
+    derived.set_run_name(trusted ? "golden-derived" : "golden-derived-from-untrusted");
+    CAPSULE_RETURN_IF_ERROR(RecordDerivation(MakeMinimalCapsule(), source_env.info, source_sha256,
+                                             trusted ? "redact" : "extract", kDerivedAt, &derived));
+    CAPSULE_ASSIGN_OR_RETURN(std::string bytes, EncodeCapsule(derived, signed_opts));
+    files.push_back({name, bytes, trusted ? StatusCode::kOk : StatusCode::kUnauthenticated});
+  }
 
   // 1.5 GiB of zeros: over the default 1 GiB cap, refused before anything is allocated.
   const uint64_t bomb_size = uint64_t{3} << 29;

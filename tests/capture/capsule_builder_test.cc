@@ -312,7 +312,7 @@ TEST_F(CapsuleBuilderTest, ParametersAreHeldNotCopied) {
     EXPECT_TRUE(t.data().empty()) << t.name();
     EXPECT_EQ(static_cast<const void*>(built.tensor_data[i].data()), where.at(t.name()))
         << t.name() << " is not the parameter's own storage";
-    EXPECT_EQ(Sha256Hex(built.tensor_data[i]), t.sha256()) << t.name();
+    EXPECT_EQ(*Sha256Hex(built.tensor_data[i]), t.sha256()) << t.name();
   }
   EXPECT_EQ(params, 4);
   EXPECT_EQ(built.held.size(), 4u);

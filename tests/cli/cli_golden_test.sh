@@ -59,6 +59,15 @@ run diff golden/valid/full.capsule golden/valid/minimal.capsule --pubkey keys/te
 run diff golden/valid/minimal.capsule golden/valid/unsigned.capsule --allow-unsigned --json
 run diff golden/valid/full.capsule golden/does-not-exist.capsule --pubkey keys/test-only.pub
 
+# Trust: every command states each capsule's trust on a "trust:" line; those that act on content
+# (diff here; replay, triage, gate, ... in trust_cli_test.sh) use only trusted capsules unless told
+# otherwise, and a capsule made from an untrusted one is no more trusted than its source.
+run diff golden/valid/full.capsule golden/valid/minimal.capsule
+run diff golden/valid/full.capsule golden/valid/full.capsule --allow-untrusted
+run inspect golden/valid/derived-from-untrusted.capsule --pubkey keys/test-only.pub
+run inspect golden/valid/derived-from-untrusted.capsule --pubkey keys/test-only.pub --allow-untrusted
+run report golden/valid/derived-from-untrusted.capsule --pubkey keys/test-only.pub --allow-untrusted
+
 # keygen: the key id is random, so normalise it; the modes are part of the contract.
 run keygen --out "$work/k"
 sed -i -E 's/key id [0-9a-f]{64}/key id <64 hex>/' "$transcript"

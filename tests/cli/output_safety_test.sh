@@ -87,6 +87,18 @@ else
   echo "skip: no writable /dev/full"
 fi
 
+# A reader that went away (`capsule report FILE | head -c 10`): the same write error, exit 2 with
+# the reason, not a silent death by SIGPIPE (141). The reader is gone before anything is written.
+for cmd in "report $full" "inspect $full --json" "verify $full"; do
+  # shellcheck disable=SC2086
+  ( sleep 0.5; exec "$capsule" $cmd --pubkey "$keys/test-only.pub" 2> "$work/pipe.err" ) | true
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 2 ] || bad closed-pipe "$cmd | (closed) exited $rc: $(cat "$work/pipe.err")"
+  grep -q "write error: standard output: Broken pipe" "$work/pipe.err" ||
+    bad closed-pipe "$cmd: $(cat "$work/pipe.err")"
+done
+echo "ok: a closed pipe on standard output is exit 2 with the reason"
+
 # -o: never over an existing file without --force, never over anything but a regular file.
 echo old > "$work/r.md"
 "$capsule" report "$full" --pubkey "$keys/test-only.pub" -o "$work/r.md" 2> "$work/o.err"

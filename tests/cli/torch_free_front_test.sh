@@ -24,7 +24,8 @@ fi
 # Forwarded: the help of replay comes from capsule-torch when it is there.
 if [ -x "$(dirname "$capsule")/capsule-torch" ]; then
   "$capsule" replay --help | grep -q -- "--bisect" || bad forward "replay --help has no --bisect"
-  "$capsule" replay "$src/samples/golden/valid/minimal.capsule" > /dev/null 2> "$work/err"
+  "$capsule" replay "$src/samples/golden/valid/minimal.capsule" \
+    --pubkey "$src/samples/keys/test-only.pub" > /dev/null 2> "$work/err"
   rc=$?
   # Read, then refused by the replayer itself: the golden names no model (exit 2, the reason).
   [ $rc -eq 2 ] && grep -q "names no model" "$work/err" ||

@@ -322,7 +322,7 @@ refuse() {  # refuse NAME RC PATTERN ARGS...
     echo "ok: refused $name: $(head -c 150 "$work/$name.err")"
   fi
 }
-refuse wrong-key 3 "untrusted key" "$clean" --plugin "$plugin" --pubkey "$work/other.pub"
+refuse wrong-key 3 "refused: valid signature, unknown signer .* (not among --pubkey)" "$clean" --plugin "$plugin" --pubkey "$work/other.pub"
 (cd "$work" && "$trainer" train --quiet --steps 4 --capture-at-step 2 --capsule-dir "$work/unsigned" \
   > /dev/null 2>&1)
 refuse unsigned 3 "unsigned" "$(ls "$work"/unsigned/*.capsule)" --plugin "$plugin" --pubkey "$work/k.pub"

@@ -4,10 +4,12 @@
 #include "capsule/format/capsule_reader.h"
 
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
 #include <zstd.h>
 
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "capsule/base/little_endian.h"
 #include "capsule/base/sha256.h"
@@ -295,9 +297,9 @@ TEST_F(ReaderRulesTest, DigestIsOverTheSignedMessage) {
   const std::string message =
       ExpectedSignedMessage(std::string_view(signed_).substr(0, l.header_size),
                             std::string_view(signed_).substr(l.header_size, l.payload_size));
-  EXPECT_EQ(signed_.substr(l.digest_at(), 32), Sha256(message));
-  EXPECT_EQ(SignedMessage(std::string_view(signed_).substr(0, l.header_size),
-                          std::string_view(signed_).substr(l.header_size, l.payload_size)),
+  EXPECT_EQ(signed_.substr(l.digest_at(), 32), *Sha256(message));
+  EXPECT_EQ(*SignedMessage(std::string_view(signed_).substr(0, l.header_size),
+                           std::string_view(signed_).substr(l.header_size, l.payload_size)),
             message);
 }
 
@@ -305,7 +307,8 @@ TEST_F(ReaderRulesTest, DigestIsOverTheSignedMessage) {
 
 TEST_F(ReaderRulesTest, UnsignedIsRefusedByDefault) {
   EXPECT_TRUE(HasError(Decode(unsigned_), StatusCode::kUnauthenticated, "capsule is unsigned"));
-  EXPECT_TRUE(HasError(Decode(unsigned_), StatusCode::kUnauthenticated, "--allow-unsigned"));
+  EXPECT_TRUE(
+      HasError(Decode(unsigned_), StatusCode::kUnauthenticated, "so it cannot be verified"));
   EXPECT_TRUE(
       HasError(DecodeCapsule(unsigned_, ReadOptions()), StatusCode::kUnauthenticated, "unsigned"));
 }
@@ -370,13 +373,14 @@ TEST_F(ReaderRulesTest, UntrustedKeyIsRefused) {
                        "capsule is signed by untrusted key " + other_pub_.KeyIdHex().substr(0, 16) +
                            " (the signature is valid); to trust it, check its key id " +
                            other_pub_.KeyIdHex() +
-                           " with the signer, then pass their public key with --pubkey"));
+                           " with the signer, then trust their public key"));
   EXPECT_TRUE(HasError(DecodeCapsule(signed_, ReadOptions()), StatusCode::kUnauthenticated,
                        "untrusted key"));
   // 1.0 carries no key, so nothing is said about the signature.
   const Status v10 = Decode(AsFormat10(signed_, other_key_)).status();
   EXPECT_TRUE(HasError(v10, StatusCode::kUnauthenticated,
                        "capsule is signed by untrusted key " + other_pub_.KeyIdHex().substr(0, 16) +
+                           " (format 1.0 carries no signer key: the signature cannot be checked)"
                            "; to trust it"));
   EXPECT_EQ(v10.message().find("valid"), std::string::npos) << v10;
 }
@@ -419,6 +423,43 @@ TEST_F(ReaderRulesTest, SignerKeyMustBeTheKeyTheTrailerNames) {
   EXPECT_TRUE(HasError(DecodeCapsule(BuildEnvelope(h, "x", nullptr), AllowUnsigned()),
                        StatusCode::kDataLoss,
                        "corrupt capsule (signer key in the header of an unsigned capsule)"));
+}
+
+TEST_F(ReaderRulesTest, SmallOrderSignerKeyIsRefusedThoughItsSignatureVerifies) {
+  // The identity point as the carried key: R = identity, s = 0 verifies for every message, so
+  // anyone can "sign" anything with it. The capsule is otherwise well formed (digest, key id).
+  std::string identity(kEd25519KeySize, '\0');
+  identity[0] = 1;
+  const std::string forgery = identity + std::string(32, '\0');
+  const Layout l = ParseLayout(signed_);
+  std::string bytes = signed_;
+  bytes.replace(kOffSignerKey, kEd25519KeySize, identity);
+  const std::string message =
+      ExpectedSignedMessage(std::string_view(bytes).substr(0, l.header_size),
+                            std::string_view(bytes).substr(l.header_size, l.payload_size));
+  bytes.replace(l.key_id_at(), 32, *Sha256(identity));
+  bytes.replace(l.digest_at(), 32, *Sha256(message));
+  bytes.replace(l.signature_at(), 64, forgery);
+  // OpenSSL alone accepts the forgery.
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(
+      EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr,
+                                  reinterpret_cast<const unsigned char*>(identity.data()), 32),
+      EVP_PKEY_free);
+  ASSERT_NE(pkey, nullptr);
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  ASSERT_EQ(EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()), 1);
+  ASSERT_EQ(
+      EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(forgery.data()), 64,
+                       reinterpret_cast<const unsigned char*>(message.data()), message.size()),
+      1);
+  // The reader refuses it, whether unknown signers are allowed or not.
+  ReadOptions o = Strict();
+  o.allow_untrusted = true;
+  o.allow_unsigned = true;
+  for (const ReadOptions& options : {Strict(), o}) {
+    EXPECT_TRUE(HasError(DecodeCapsule(bytes, options), StatusCode::kUnauthenticated,
+                         "not a valid Ed25519 public key: a point of small order"));
+  }
 }
 
 TEST_F(ReaderRulesTest, Format10SignerOutsideTheTrustedKeysIsNotChecked) {
@@ -471,7 +512,7 @@ TEST_F(ReaderRulesTest, SignatureByAnotherKeyUnderATrustedKeyId) {
   std::string impostor = ResignWith(signed_, other_key_);
   impostor.replace(l.key_id_at(), 32, pub_.KeyId());
   impostor.replace(0, l.header_size, header);
-  impostor.replace(l.digest_at(), 32, Sha256(ExpectedSignedMessage(header, payload)));
+  impostor.replace(l.digest_at(), 32, *Sha256(ExpectedSignedMessage(header, payload)));
   EXPECT_TRUE(HasError(Decode(impostor), StatusCode::kUnauthenticated, "bad signature"));
 }
 
@@ -664,7 +705,7 @@ TEST_F(ReaderRulesTest, ValidationCannotBeTurnedOff) {
 
 TEST_F(ReaderRulesTest, TensorDigestsAreCheckedOnlyWhenAsked) {
   v1::Capsule c = MakeFullCapsule();
-  c.mutable_tensors(1)->set_sha256(Sha256Hex("something else"));
+  c.mutable_tensors(1)->set_sha256(*Sha256Hex("something else"));
   const std::string bytes = SealedMessage(SerializeDeterministic(c));
   EXPECT_TRUE(Decode(bytes).ok());
   ReadOptions o = Strict();

@@ -287,7 +287,7 @@ TEST_F(RoundTripTest, BytesFollowTheEnvelopeLayout) {
   EXPECT_EQ(LoadLe32(&bytes[t + 4]), 0u);  // reserved
   EXPECT_EQ(bytes.substr(t + 8, 32), pub_.KeyId());
   const std::string message = ExpectedSignedMessage(bytes.substr(0, 80), payload);
-  EXPECT_EQ(bytes.substr(t + 40, 32), Sha256(message));
+  EXPECT_EQ(bytes.substr(t + 40, 32), *Sha256(message));
   EXPECT_TRUE(Verify(pub_, message, bytes.substr(t + 72, 64)).ok());
   EXPECT_EQ(LoadLe32(&bytes[t + 136]), 84u + 64u);
   EXPECT_EQ(bytes.substr(t + 140), std::string("\211CPSEND\n", 8));

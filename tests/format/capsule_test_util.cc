@@ -75,7 +75,7 @@ std::string Trailer(std::string_view header, std::string_view payload, const Pri
   StoreLe16(&t[0], alg);
   StoreLe16(&t[2], static_cast<uint16_t>(signature.size()));
   t += key_id;
-  t += Sha256(message);
+  t += *Sha256(message);
   t += signature;
   char size[4];
   StoreLe32(size, static_cast<uint32_t>(84 + signature.size()));
@@ -132,7 +132,7 @@ void SetTensor(v1::TensorBlob* t, const std::string& name, v1::DType dtype,
   FillMeta(t->mutable_meta(), dtype, shape);
   t->mutable_meta()->set_storage_offset(0);
   t->set_data(data);
-  t->set_sha256(Sha256Hex(data));
+  t->set_sha256(*Sha256Hex(data));
 }
 
 v1::Capsule MakeMinimalCapsule() {
@@ -194,7 +194,7 @@ v1::Capsule MakeFullCapsule() {
     } else {
       seq->set_raw_bytes("the quick brown caf\xc3");
     }
-    seq->set_token_ids_sha256(Sha256Hex(Int64Bytes({5, 17, 3, 99})));
+    seq->set_token_ids_sha256(*Sha256Hex(Int64Bytes({5, 17, 3, 99})));
     seq->set_token_count(4);
     seq->set_micro_batch(i);
   }
@@ -216,18 +216,18 @@ v1::Capsule MakeFullCapsule() {
   tok->set_name("tokenizer.json");
   tok->set_path("/data/tok/tokenizer.json");
   tok->set_size_bytes(2048);
-  tok->set_sha256(Sha256Hex("tokenizer bytes"));
+  tok->set_sha256(*Sha256Hex("tokenizer bytes"));
   v1::FileIdentity* tmpl = id->add_files();
   tmpl->set_role("chat_template");
   tmpl->set_name("template.jinja");
   tmpl->set_path("/data/tok/template.jinja");
   tmpl->set_size_bytes(64);
-  tmpl->set_sha256(Sha256Hex("template bytes"));
-  id->set_model_sha256(Sha256Hex("model"));
+  tmpl->set_sha256(*Sha256Hex("template bytes"));
+  id->set_model_sha256(*Sha256Hex("model"));
   id->set_model_parameter_count(123456);
   id->set_chat_template("{{ bos }}{{ text }}");
   id->set_config_text("{\"d_model\": 64, \"n_layers\": 2}");
-  id->set_config_sha256(Sha256Hex(id->config_text()));
+  id->set_config_sha256(*Sha256Hex(id->config_text()));
   id->set_code_revision("0123456789abcdef0123456789abcdef01234567");
 
   for (const char* name : {"torch.cpu", "sampler"}) {
@@ -315,16 +315,16 @@ v1::Capsule MakeFullCapsule() {
   v1::WeightsReference* ref = model->mutable_weights_reference();
   ref->set_path("/ckpt/model.pt");
   ref->set_size_bytes(4096);
-  ref->set_file_sha256(Sha256Hex("checkpoint file"));
+  ref->set_file_sha256(*Sha256Hex("checkpoint file"));
   ref->set_format("torch_archive");
-  ref->set_tensors_sha256(Sha256Hex("checkpoint tensors"));
+  ref->set_tensors_sha256(*Sha256Hex("checkpoint tensors"));
   for (const char* name : {"blocks.0.attn.qkv.weight", "embed.weight"}) {
     v1::TensorDigest* d = ref->add_tensors();
     d->set_name(name);
     d->set_dtype("float32");
     d->add_shape(2);
     d->add_shape(3);
-    d->set_sha256(Sha256Hex(name));
+    d->set_sha256(*Sha256Hex(name));
   }
   ref->set_matches_step(true);
 
@@ -332,8 +332,17 @@ v1::Capsule MakeFullCapsule() {
   red->add_dropped("text");
   red->add_dropped("host");
   red->set_redacted_unix_micros(1700000000999999);
-  red->set_source_sha256(Sha256Hex("source capsule"));
+  red->set_source_sha256(*Sha256Hex("source capsule"));
   red->set_unknown_field_bytes_dropped(17);
+
+  // Made from a capsule whose signer its maker trusted: readers that trust the capsule's own
+  // signer accept it (a source its maker did not trust is refused, FORMAT.md §6 check 21).
+  v1::Derivation* derivation = c.add_derivations();
+  derivation->set_tool("redact");
+  derivation->set_source_sha256(*Sha256Hex("source capsule"));
+  derivation->set_source_trust(v1::TRUST_VERIFIED);
+  derivation->set_source_signer_key_id(*Sha256Hex("source signer key"));
+  derivation->set_derived_unix_micros(1700000000999999);
 
   v1::Objective* objective = c.mutable_objective();
   objective->set_reduction(v1::TOKEN_MEAN);
@@ -424,7 +433,7 @@ Layout ParseLayout(std::string_view bytes) {
 std::string ExpectedSignedMessage(std::string_view header, std::string_view payload) {
   std::string m("capsule/sign/v1\n");
   m.append(header);
-  m.append(Sha256(payload));
+  m.append(*Sha256(payload));
   return m;
 }
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -152,6 +153,53 @@ TEST_F(FileUtilTest, TargetIsADirectory) {
   EXPECT_TRUE(HasError(WriteFileAtomic(sub + "/", "x"), StatusCode::kInvalidArgument,
                        "is not a file name"));
   EXPECT_EQ(Entries(dir_.path()), std::vector<std::string>{"sub"});
+}
+
+TEST_F(FileUtilTest, AFifoPlantedBeforeTheMoveIsNeverReplaced) {
+  // With overwrite, the writer used to look at NAME and then rename over it: a FIFO (or device)
+  // planted between the look and the rename was replaced. A planter thread plants FIFOs at NAME
+  // as fast as it can while the writer replaces NAME again and again; each FIFO is held open, and
+  // one the writer replaced has no name left (st_nlink 0). Exchanged and put back, it keeps one.
+  const std::string path = Path("out.md");
+  std::atomic<bool> stop{false};
+  std::atomic<int> planted{0}, replaced{0};
+  std::thread planter([&] {
+    while (!stop) {
+      ::unlink(path.c_str());  // the writer's file, or the last FIFO
+      for (volatile int spin = 0; spin < 2000; spin = spin + 1) {
+      }
+      if (::mkfifo(path.c_str(), 0600) != 0) continue;
+      const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0) continue;
+      struct stat st {};
+      if (::fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode)) {
+        ++planted;
+        for (volatile int spin = 0; spin < 20000; spin = spin + 1) {
+        }
+        if (::fstat(fd, &st) == 0 && st.st_nlink == 0) ++replaced;
+      }
+      ::close(fd);
+    }
+  });
+  int written = 0, refused = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+  while (std::chrono::steady_clock::now() < deadline && replaced == 0) {
+    const Status s = WriteFileAtomic(path, "report", Overwrite());
+    if (s.ok()) {
+      ++written;
+    } else {
+      ++refused;
+      EXPECT_TRUE(s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kNotFound ||
+                  s.code() == StatusCode::kInternal)
+          << s;
+    }
+  }
+  stop = true;
+  planter.join();
+  EXPECT_EQ(replaced, 0) << "a FIFO planted at NAME was replaced (" << planted << " planted, "
+                         << written << " writes, " << refused << " refused)";
+  EXPECT_GT(written, 0);
+  EXPECT_GT(refused, 0);
 }
 
 TEST_F(FileUtilTest, AFixedTemporaryNameIsNeverFollowed) {

@@ -132,7 +132,7 @@ void ExpectFilesAreTheBytesFirstWritten(const Corpus& corpus) {
   while (in >> digest >> file) {
     auto bytes = ReadFileBytes(SamplesPath(std::string(corpus.dir) + "/" + file), 1 << 20);
     ASSERT_TRUE(bytes.ok()) << file << ": " << bytes.status();
-    EXPECT_EQ(Sha256Hex(*bytes), digest) << file << " changed; frozen files are never rewritten";
+    EXPECT_EQ(*Sha256Hex(*bytes), digest) << file << " changed; frozen files are never rewritten";
     pinned.insert(file);
   }
   for (const GoldenCase& c : LoadExpected(corpus)) {
@@ -243,7 +243,7 @@ TEST(FrozenV1_0, FullReadsWithItsContent) {
 
   ASSERT_EQ(c.identity().files_size(), 1);
   EXPECT_EQ(c.identity().files(0).role(), "tokenizer");
-  EXPECT_EQ(c.identity().model_sha256(), Sha256Hex("golden model"));
+  EXPECT_EQ(c.identity().model_sha256(), *Sha256Hex("golden model"));
   EXPECT_EQ(c.identity().config_text(), "lr: 3e-4\nbatch: 2\n");
   EXPECT_EQ(c.identity().code_revision(), "0123456789abcdef0123456789abcdef01234567");
 

@@ -81,7 +81,7 @@ v1::Capsule MakePrivateCapsule() {
   v1::FileIdentity* f = c.mutable_identity()->add_files();
   f->set_role("tokenizer");
   f->set_path("/home/alice/corpora/tokenizer.json");
-  f->set_sha256(Sha256Hex("tokenizer"));
+  f->set_sha256(*Sha256Hex("tokenizer"));
   c.mutable_environment()->set_hostname("gpu-node-17");
   return c;
 }
@@ -112,7 +112,7 @@ class RedactTest : public ::testing::Test {
     DecodedCapsule d = OrDie(DecodeCapsule(bytes, ro));
     RedactOptions options;
     EXPECT_TRUE(ParseRedactItems(items, &options).ok());
-    options.source_sha256 = Sha256Hex(bytes);
+    options.source_sha256 = *Sha256Hex(bytes);
     options.now_unix_micros = 1700000001000000;
     const Status s = RedactCapsule(d.capsule.get(), options);
     EXPECT_TRUE(s.ok()) << s;
@@ -222,7 +222,7 @@ TEST_F(RedactTest, VerifiesWithTheRedactingKeyAndRecordsWhatWasDropped) {
   ASSERT_EQ(c.redaction().dropped_size(), 2);
   EXPECT_EQ(c.redaction().dropped(0), "tokens");
   EXPECT_EQ(c.redaction().dropped(1), "host");
-  EXPECT_EQ(c.redaction().source_sha256(), Sha256Hex(source_bytes_));
+  EXPECT_EQ(c.redaction().source_sha256(), *Sha256Hex(source_bytes_));
   EXPECT_EQ(c.redaction().redacted_unix_micros(), 1700000001000000);
 }
 
@@ -234,7 +234,7 @@ TEST_F(RedactTest, TokensBecomeTheirHashAndCount) {
     EXPECT_EQ(s.token_ids_size(), 0);
     EXPECT_EQ(s.labels_size(), 0);
     EXPECT_EQ(s.token_count(), 48);
-    EXPECT_EQ(s.token_ids_sha256(), Sha256Hex(LittleEndian(Tokens(row))));
+    EXPECT_EQ(s.token_ids_sha256(), *Sha256Hex(LittleEndian(Tokens(row))));
     EXPECT_EQ(s.raw_text(), kTexts[row]);  // only what was asked for goes
   }
   ASSERT_EQ(c.tensors_size(), 1);
@@ -296,12 +296,12 @@ TEST_F(RedactTest, RedactingTwiceChangesOnlyTheRecord) {
   const std::string twice = Redact(once, "text,tokens,paths,host");
   v1::Capsule a = Read(once);
   v1::Capsule b = Read(twice);
-  EXPECT_EQ(b.redaction().source_sha256(), Sha256Hex(once));
+  EXPECT_EQ(b.redaction().source_sha256(), *Sha256Hex(once));
   a.clear_redaction();
   b.clear_redaction();
   EXPECT_EQ(test::SerializeDeterministic(a), test::SerializeDeterministic(b));
   // The token hashes survive: they are not re-computed from the (now empty) ids.
-  EXPECT_EQ(b.data().sequences(0).token_ids_sha256(), Sha256Hex(LittleEndian(Tokens(0))));
+  EXPECT_EQ(b.data().sequences(0).token_ids_sha256(), *Sha256Hex(LittleEndian(Tokens(0))));
 }
 
 TEST_F(RedactTest, DroppedItemsAccumulate) {
@@ -321,7 +321,7 @@ TEST(RedactOptionsTest, UnknownItemIsRefused) {
 TEST(RedactOptionsTest, NothingToDropOrNoSourceHashIsRefused) {
   v1::Capsule c = test::MakeMinimalCapsule();
   RedactOptions o;
-  o.source_sha256 = Sha256Hex("x");
+  o.source_sha256 = *Sha256Hex("x");
   EXPECT_TRUE(HasError(RedactCapsule(&c, o), StatusCode::kInvalidArgument, "no item"));
   o.host = true;
   o.source_sha256 = "abc";
@@ -329,8 +329,8 @@ TEST(RedactOptionsTest, NothingToDropOrNoSourceHashIsRefused) {
 }
 
 TEST(TokenIdsSha256Test, HashesLittleEndianInt64) {
-  EXPECT_EQ(TokenIdsSha256({1, -1}),
-            Sha256Hex(std::string("\x01\0\0\0\0\0\0\0\xff\xff\xff\xff\xff\xff\xff\xff", 16)));
+  EXPECT_EQ(*TokenIdsSha256({1, -1}),
+            *Sha256Hex(std::string("\x01\0\0\0\0\0\0\0\xff\xff\xff\xff\xff\xff\xff\xff", 16)));
 }
 
 }  // namespace

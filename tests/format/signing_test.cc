@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <memory>
 #include <sstream>
 
+#include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
 #include "tests/format/capsule_test_util.h"
 #include "tests/format/temp_dir.h"
@@ -43,11 +45,11 @@ mode_t ModeOf(const std::string& path) {
 // ---- SHA-256 ----------------------------------------------------------------------------------
 
 TEST(Sha256Test, KnownAnswers) {
-  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(Sha256("abc"),
+  EXPECT_EQ(*Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(*Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(*Sha256("abc"),
             Unhex("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"));
-  EXPECT_EQ(Sha256("abc").size(), kSha256Size);
+  EXPECT_EQ(Sha256("abc")->size(), kSha256Size);
 }
 
 TEST(Sha256Test, IncrementalMatchesOneShotAndResets) {
@@ -55,10 +57,10 @@ TEST(Sha256Test, IncrementalMatchesOneShotAndResets) {
   Sha256Hasher h;
   h.Update(std::string_view(data).substr(0, 333));
   h.Update(data.data() + 333, data.size() - 333);
-  EXPECT_EQ(h.Finish(), Sha256(data));
+  EXPECT_EQ(*h.Finish(), *Sha256(data));
   h.Update("abc");
-  EXPECT_EQ(h.Finish(), Sha256("abc"));
-  EXPECT_EQ(h.Finish(), Sha256(""));
+  EXPECT_EQ(*h.Finish(), *Sha256("abc"));
+  EXPECT_EQ(*h.Finish(), *Sha256(""));
 }
 
 TEST(Sha256Test, Hex) {
@@ -72,7 +74,7 @@ TEST(Sha256Test, Hex) {
 }
 
 TEST(Sha256Test, IsSha256Hex) {
-  const std::string good = Sha256Hex("x");
+  const std::string good = *Sha256Hex("x");
   EXPECT_TRUE(IsSha256Hex(good));
   EXPECT_FALSE(IsSha256Hex(good.substr(1)));
   EXPECT_FALSE(IsSha256Hex(good + "0"));
@@ -115,9 +117,9 @@ TEST(KeysTest, GenerateGivesDistinctUsableKeys) {
 
 TEST(KeysTest, KeyIdIsSha256OfTheRawPublicKey) {
   const PublicKey pub = OrDie(PublicKey::FromRaw(Unhex(kRfcPublic)));
-  EXPECT_EQ(pub.KeyId(), Sha256(Unhex(kRfcPublic)));
+  EXPECT_EQ(pub.KeyId(), *Sha256(Unhex(kRfcPublic)));
   EXPECT_EQ(pub.KeyId().size(), 32u);
-  EXPECT_EQ(pub.KeyIdHex(), Sha256Hex(Unhex(kRfcPublic)));
+  EXPECT_EQ(pub.KeyIdHex(), *Sha256Hex(Unhex(kRfcPublic)));
 }
 
 TEST(KeysTest, RawSizesAreChecked) {
@@ -168,6 +170,69 @@ TEST(KeysTest, OtherKeyTypesAreRefused) {
                        "not an Ed25519 key"));
 }
 
+// A raw key from its y coordinate (little-endian hex) with the sign bit of x set or not.
+std::string KeyOfY(std::string_view y_hex, bool x_negative) {
+  std::string raw = Unhex(y_hex);
+  raw.resize(kEd25519KeySize, '\0');
+  if (x_negative) raw[31] = static_cast<char>(raw[31] | 0x80);
+  return raw;
+}
+
+TEST(KeysTest, SmallOrderPublicKeysAreRefused) {
+  // The eight points of order 1, 2, 4 and 8 (libsodium's blocklist): y = 1, p-1, 0, and the two
+  // order-8 ones, each with either sign of x.
+  for (const char* y : {"01", "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+                        "00", "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+                        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"}) {
+    for (bool negative : {false, true}) {
+      EXPECT_TRUE(HasError(PublicKey::FromRaw(KeyOfY(y, negative)), StatusCode::kInvalidArgument,
+                           "not a valid Ed25519 public key: a point of small order"))
+          << y << (negative ? " -x" : " +x");
+    }
+  }
+}
+
+TEST(KeysTest, KeysOffTheCurveOrNotCanonicalAreRefused) {
+  // y = p, p + 1 and 2^255 - 1 are not below p (p and p + 1 name the points 0 and 1 again).
+  for (const char* y : {"edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+                        "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+                        "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f"}) {
+    EXPECT_TRUE(HasError(PublicKey::FromRaw(KeyOfY(y, false)), StatusCode::kInvalidArgument,
+                         "non-canonical"))
+        << y;
+  }
+  // (y^2 - 1) / (d y^2 + 1) has no square root for y = 2 and y = 7; it has for y = 3.
+  for (const char* y : {"02", "07"}) {
+    EXPECT_TRUE(HasError(PublicKey::FromRaw(KeyOfY(y, false)), StatusCode::kInvalidArgument,
+                         "not a point of the curve"))
+        << y;
+  }
+  EXPECT_TRUE(PublicKey::FromRaw(KeyOfY("03", false)).ok());
+}
+
+TEST(KeysTest, RealKeysAreValidPoints) {
+  EXPECT_TRUE(PublicKey::FromRaw(Unhex(kRfcPublic)).ok());
+  for (int i = 0; i < 64; ++i) {
+    const KeyPair kp = OrDie(GenerateKeyPair());
+    EXPECT_TRUE(PublicKey::FromRaw(kp.public_key.raw()).ok()) << kp.public_key.KeyIdHex();
+  }
+}
+
+TEST(KeysTest, SmallOrderPemIsRefused) {
+  // SubjectPublicKeyInfo of Ed25519 (RFC 8410) around the identity point: OpenSSL parses it.
+  const std::string der = Unhex("302a300506032b6570032100") + KeyOfY("01", false);
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(der.data(), der.size()), BIO_free);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(d2i_PUBKEY_bio(bio.get(), nullptr),
+                                                           EVP_PKEY_free);
+  ASSERT_NE(pkey, nullptr);
+  std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), BIO_free);
+  ASSERT_EQ(PEM_write_bio_PUBKEY(out.get(), pkey.get()), 1);
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(out.get(), &data);
+  EXPECT_TRUE(HasError(ParsePublicKeyPem(std::string(data, n)), StatusCode::kInvalidArgument,
+                       "a point of small order"));
+}
+
 TEST(KeysTest, SignAndVerify) {
   const PrivateKey key = FixedKey('\x11');
   const PublicKey pub = OrDie(key.GetPublicKey());
@@ -186,6 +251,52 @@ TEST(KeysTest, SignAndVerify) {
   EXPECT_TRUE(HasError(Verify(pub, "message", sig.substr(1)), StatusCode::kUnauthenticated,
                        "bad signature (wrong length)"));
   EXPECT_TRUE(HasError(Verify(pub, "message", ""), StatusCode::kUnauthenticated, "wrong length"));
+}
+
+// Run by the sha256_fail_closed test (tests/format/CMakeLists.txt) in a process whose
+// OPENSSL_CONF loads no provider with SHA-256; skipped otherwise. A digest OpenSSL could not
+// compute used to come back as 32 zero bytes, so an unsigned capsule whose trailer held a zero
+// digest read as intact and every good capsule read as corrupt.
+class Sha256FailClosedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::getenv("CAPSULE_TEST_OPENSSL_WITHOUT_SHA256") == nullptr) {
+      GTEST_SKIP() << "runs under tests/format/openssl_without_sha256.cnf (ctest "
+                      "sha256_fail_closed)";
+    }
+  }
+  // Golden samples: nothing can be encoded in this process.
+  static std::string Golden(const std::string& name) {
+    return OrDie(
+        ReadFileBytes(std::string(CAPSULE_SOURCE_DIR) + "/samples/golden/valid/" + name, 1 << 20));
+  }
+};
+
+TEST_F(Sha256FailClosedTest, HashingIsAnErrorNotADigest) {
+  EXPECT_TRUE(HasError(Sha256("abc"), StatusCode::kInternal, "cannot compute SHA-256"));
+  EXPECT_TRUE(HasError(Sha256Hex("abc"), StatusCode::kInternal, "OPENSSL_CONF"));
+  Sha256Hasher h;
+  h.Update("abc");
+  EXPECT_TRUE(HasError(h.Finish(), StatusCode::kInternal, "cannot compute SHA-256"));
+  EXPECT_TRUE(HasError(PublicKey::FromRaw(Unhex(kRfcPublic)), StatusCode::kInternal,
+                       "cannot compute SHA-256"));
+}
+
+TEST_F(Sha256FailClosedTest, ReadingAndWritingAreErrorsNotVerdicts) {
+  ReadOptions o;
+  o.allow_unsigned = true;
+  o.allow_untrusted = true;
+  const std::string unsigned_capsule = Golden("unsigned.capsule");
+  EXPECT_TRUE(HasError(DecodeCapsule(unsigned_capsule, o), StatusCode::kInternal,
+                       "cannot compute SHA-256"));
+  // The zero digest a failed hash used to compute.
+  std::string zero = unsigned_capsule;
+  zero.replace(ParseLayout(zero).digest_at(), kSha256Size, std::string(kSha256Size, '\0'));
+  EXPECT_TRUE(HasError(DecodeCapsule(zero, o), StatusCode::kInternal, "cannot compute SHA-256"));
+  EXPECT_TRUE(HasError(DecodeCapsule(Golden("full.capsule"), o), StatusCode::kInternal,
+                       "cannot compute SHA-256"));
+  EXPECT_TRUE(HasError(EncodeCapsule(MakeMinimalCapsule(), WriteOptions()), StatusCode::kInternal,
+                       "cannot compute SHA-256"));
 }
 
 // ---- Key files --------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ void Check(std::string_view bytes, const OpenOptions& options) {
   if (h.header_size + h.payload_size + kTrailerFixedSize + sig_size != bytes.size()) {
     Fail("accepted sizes that do not add up to the file", Status());
   }
-  if (Sha256(SignedMessage(bytes.substr(0, h.header_size), e->payload)) != info.digest) {
+  if (*Sha256(*SignedMessage(bytes.substr(0, h.header_size), e->payload)) != info.digest) {
     Fail("accepted a digest that is not SHA-256 of the signed message", Status());
   }
   switch (info.signature) {
@@ -73,7 +73,7 @@ void Check(std::string_view bytes, const OpenOptions& options) {
       StatusOr<PublicKey> carried = PublicKey::FromRaw(info.signer_key);
       if (!carried.ok() || carried->KeyId() != info.key_id ||
           (h.optional_flags & kOptionalFlagSignerKey) == 0 ||
-          !Verify(*carried, SignedMessage(bytes.substr(0, h.header_size), e->payload),
+          !Verify(*carried, *SignedMessage(bytes.substr(0, h.header_size), e->payload),
                   bytes.substr(bytes.size() - kTrailerTailSize - kEd25519SignatureSize,
                                kEd25519SignatureSize))
                .ok()) {

@@ -97,7 +97,7 @@ std::optional<std::string> ResealUnsigned(std::string_view bytes) {
   char fixed[8] = {};  // algorithm none, no signature, reserved
   out.append(fixed, sizeof(fixed));
   out.append(kSha256Size, '\0');  // key id
-  out.append(Sha256(SignedMessage(header, payload)));
+  out.append(*Sha256(*SignedMessage(header, payload)));
   char tail[4];
   StoreLe32(tail, kTrailerFixedSize);
   out.append(tail, sizeof(tail));

@@ -67,9 +67,9 @@ v1::Capsule Small() {
   c.mutable_data()->add_tensor_names("input_ids");
   v1::FileIdentity* f = c.mutable_identity()->add_files();
   f->set_role("tokenizer");
-  f->set_sha256(Sha256Hex("tok"));
+  f->set_sha256(*Sha256Hex("tok"));
   c.mutable_identity()->set_config_text("{}");
-  c.mutable_identity()->set_config_sha256(Sha256Hex("{}"));
+  c.mutable_identity()->set_config_sha256(*Sha256Hex("{}"));
   v1::RngBlob* g = c.mutable_rng()->add_generators();
   g->set_name("torch.cpu");
   g->set_kind(v1::TORCH_CPU_GENERATOR);
@@ -90,7 +90,7 @@ v1::Capsule Small() {
   t->mutable_meta()->add_shape(3);
   const int64_t ids[] = {1, 2, 3};
   t->set_data(std::string(reinterpret_cast<const char*>(ids), sizeof(ids)));
-  t->set_sha256(Sha256Hex(t->data()));
+  t->set_sha256(*Sha256Hex(t->data()));
   c.mutable_placement()->set_world_size(2);
   c.mutable_placement()->set_rank(1);
   (*c.mutable_environment()->mutable_libraries())["zstd"] = "1.5";
@@ -130,7 +130,7 @@ std::string LongerHeader(const v1::Capsule& c) {
   char fixed[8] = {};
   out.append(fixed, sizeof(fixed));
   out.append(kSha256Size, '\0');
-  out.append(Sha256(SignedMessage(header, frame)));
+  out.append(*Sha256(*SignedMessage(header, frame)));
   char tail[4];
   StoreLe32(tail, kTrailerFixedSize);
   out.append(tail, sizeof(tail));
@@ -275,9 +275,9 @@ int Main(const std::string& dir) {
     std::string header = signed_small.substr(0, hs);
     header.replace(kOffSignerKey, kEd25519KeySize, Must(other.GetPublicKey()).raw());
     std::string swapped = header + std::string(payload);
-    const std::string message = SignedMessage(header, payload);
+    const std::string message = *SignedMessage(header, payload);
     std::string trailer = signed_small.substr(hs + payload.size());
-    trailer.replace(8 + kSha256Size, kSha256Size, Sha256(message));
+    trailer.replace(8 + kSha256Size, kSha256Size, *Sha256(message));
     trailer.replace(8 + 2 * kSha256Size, kEd25519SignatureSize, Must(Sign(key, message)));
     Write(dir, "bad-signer-key-mismatch.capsule", swapped + trailer);
   }
@@ -291,7 +291,7 @@ int Main(const std::string& dir) {
         SealUnsigned(Must(internal::ZstdCompress(junk, internal::CompressOptions())), junk.size()));
   Write(dir, "bad-invalid-content.capsule", Encode(invalid, nullptr, 0, /*validate=*/false));
   v1::Capsule wrong_digest = Small();
-  wrong_digest.mutable_tensors(0)->set_sha256(Sha256Hex("other"));
+  wrong_digest.mutable_tensors(0)->set_sha256(*Sha256Hex("other"));
   Write(dir, "bad-tensor-digest.capsule", Encode(wrong_digest, nullptr, 0, /*validate=*/false));
   Write(dir, "bad-bomb.capsule", SealUnsigned(BombFrame(), 100'000'000'000ull));
 
@@ -313,7 +313,7 @@ int Main(const std::string& dir) {
     t->mutable_meta()->add_shape(1);
     t->mutable_meta()->add_strides(1000000000000);
     t->set_data(std::string(4, '\0'));
-    t->set_sha256(Sha256Hex(t->data()));
+    t->set_sha256(*Sha256Hex(t->data()));
   });
   absurd("bad-absurd-storage-offset.capsule", [](v1::Capsule* c) {
     c->mutable_tensors(0)->mutable_meta()->set_storage_offset(int64_t{1} << 62);

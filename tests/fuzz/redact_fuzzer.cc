@@ -59,7 +59,7 @@ void CheckRedaction(const v1::Capsule& source, uint8_t choice) {
   options.tokens = (choice & 2) != 0;
   options.paths = (choice & 4) != 0;
   options.host = (choice & 8) != 0 || (choice & 15) == 0;  // at least one item
-  options.source_sha256 = Sha256Hex("source");
+  options.source_sha256 = *Sha256Hex("source");
   options.now_unix_micros = 1700000000000000;
   v1::Capsule c = source;
   const bool had_unknown = HasUnknownFields(c);

@@ -117,6 +117,14 @@ bash "$stock" "$work/golden/valid/full.capsule" --pubkey "$work/keys/test-only.p
 agree "$work/golden/valid/full.capsule"
 echo "ok: capsules signed with openssl-made keys: the same verdict from both"
 
+# 6. A capsule "signed" by a small-order key, a forgery anyone can make: refused by both, with or
+# without a key (the goldens made from other capsules are in step 1).
+command -v python3 >/dev/null || { echo "missing python3"; exit 1; }
+python3 "$src/tests/cli/forge_small_order_key.py" "$min" "$work/small-order.capsule"
+agree "$work/small-order.capsule"
+agree "$work/small-order.capsule" "$keys/test-only.pub"
+echo "ok: a small-order signer key: the same verdict from both"
+
 # The comparison proves something only if the verdicts differ among themselves.
 for want in "OK, signed by key" "UNTRUSTED, valid signature by unknown key" \
             "UNTRUSTED, signed by key" "FAILED (DATA_LOSS)" "FAILED (OUT_OF_RANGE)" "FAILED (UNAUTHENTICATED)" \

@@ -202,10 +202,10 @@ TEST_F(CheckpointTest, TheFileIsCheckedBeforeItIsParsed) {
   ASSERT_TRUE(bytes.ok());
   CheckpointExpectation right;
   right.size_bytes = static_cast<int64_t>(bytes->size());
-  right.file_sha256 = Sha256Hex(*bytes);
+  right.file_sha256 = *Sha256Hex(*bytes);
 
   CheckpointExpectation other_hash = right;
-  other_hash.file_sha256 = Sha256Hex("another file");
+  other_hash.file_sha256 = *Sha256Hex("another file");
   StatusOr<LoadedCheckpoint> refused = LoadCheckpoint(path, other_hash);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();

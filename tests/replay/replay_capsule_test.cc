@@ -270,7 +270,7 @@ TEST_F(ReplayCapsuleTest, ExtractReplaysToTheFullReplaysVerdictAndErrors) {
   auto full_report = Replay(full);
   ASSERT_TRUE(full_report.ok()) << full_report.status();
 
-  auto x = ExtractLayer(full, registry_, {"blocks.1", Sha256Hex(full.SerializeAsString())});
+  auto x = ExtractLayer(full, registry_, {"blocks.1", *Sha256Hex(full.SerializeAsString())});
   ASSERT_TRUE(x.ok()) << x.status();
   EXPECT_TRUE(IsLayerExtract(*x));
   EXPECT_FALSE(IsLayerExtract(full));
@@ -295,7 +295,7 @@ TEST_F(ReplayCapsuleTest, ExtractReplaysToTheFullReplaysVerdictAndErrors) {
   EXPECT_EQ(r->layers(0).failed(), in_full->failed());
 
   // A layer before the fault replays clean on its own too, with the full replay's errors.
-  auto clean = ExtractLayer(full, registry_, {"blocks.0", Sha256Hex("source")});
+  auto clean = ExtractLayer(full, registry_, {"blocks.0", *Sha256Hex("source")});
   ASSERT_TRUE(clean.ok()) << clean.status();
   auto rc = Replay(*clean);
   ASSERT_TRUE(rc.ok()) << rc.status();
@@ -310,13 +310,13 @@ TEST_F(ReplayCapsuleTest, ExtractReplaysToTheFullReplaysVerdictAndErrors) {
 
 TEST_F(ReplayCapsuleTest, ExtractRefusesAnExtractAndAnUnknownLayer) {
   const v1::Capsule full = RecordOne({}, 3, /*capture_at=*/1);
-  auto x = ExtractLayer(full, registry_, {"blocks.0", Sha256Hex("source")});
+  auto x = ExtractLayer(full, registry_, {"blocks.0", *Sha256Hex("source")});
   ASSERT_TRUE(x.ok()) << x.status();
-  auto again = ExtractLayer(*x, registry_, {"blocks.0", Sha256Hex("x")});
+  auto again = ExtractLayer(*x, registry_, {"blocks.0", *Sha256Hex("x")});
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(again.status().message().find("already an extract"), std::string::npos);
-  auto none = ExtractLayer(full, registry_, {"blocks.9", Sha256Hex("source")});
+  auto none = ExtractLayer(full, registry_, {"blocks.9", *Sha256Hex("source")});
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find("no layer \"blocks.9\""), std::string::npos);
@@ -331,14 +331,14 @@ TEST_F(ReplayCapsuleTest, RedactedTokensAreRefusedByReplayAndExtractAlike) {
   v1::Capsule c = RecordOne({}, 2, /*capture_at=*/1);
   RedactOptions redact;
   redact.tokens = true;
-  redact.source_sha256 = Sha256Hex("source");
+  redact.source_sha256 = *Sha256Hex("source");
   ASSERT_TRUE(RedactCapsule(&c, redact).ok());
   auto r = Replay(c);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("token ids were redacted"), std::string::npos) << r.status();
   ExpectNoFlag(r.status());
-  auto x = ExtractLayer(c, registry_, {"blocks.0", Sha256Hex("source")});
+  auto x = ExtractLayer(c, registry_, {"blocks.0", *Sha256Hex("source")});
   ASSERT_FALSE(x.ok());
   EXPECT_EQ(x.status(), r.status());
 }
@@ -890,7 +890,7 @@ TEST_F(ReplayCapsuleTest, AWeightsMismatchNamesTheTensorThatDiffers) {
   std::string data = changed->data();
   data[1] ^= 0x40;
   changed->set_data(data);
-  changed->set_sha256(Sha256Hex(data));
+  changed->set_sha256(*Sha256Hex(data));
   TempDir dir;
   const std::string weights = dir.path() + "/other.capsule";
   ASSERT_TRUE(WriteCapsuleFile(weights, other, WriteOptions()).ok());
@@ -1086,7 +1086,7 @@ TEST_F(ReplayCapsuleTest, WeightsThatAreNotTheRecordedOnesAreRefusedBeforeTheMod
   for (v1::TensorBlob& t : *c.mutable_tensors()) {
     if (t.role() != v1::PARAMETER) continue;
     (*t.mutable_data())[0] ^= 0x01;
-    t.set_sha256(Sha256Hex(t.data()));
+    t.set_sha256(*Sha256Hex(t.data()));
     break;
   }
   tiny_gpt::TinyGptConfig bigger;

@@ -77,7 +77,7 @@ ReportModel FullModel(const ReportRedaction& redact = {}) {
   auto bytes = ReadFileBytes(kFull, 1 << 20);
   ReportOptions options;
   options.file_name = kFull;
-  options.file_sha256 = Sha256Hex(*bytes);
+  options.file_sha256 = *Sha256Hex(*bytes);
   options.redact = redact;
   const auto replay = FixtureReplay();
   return BuildReportModel(*d.capsule, d.envelope, replay.get(), options);
@@ -125,7 +125,7 @@ TEST(ReportTest, MarkdownHasTheIssueEssentials) {
   EXPECT_NE(md.find("capsule replay full.capsule --plugin <model plugin> --pubkey SIGNER.pub "
                     "--bisect"),
             std::string::npos);
-  EXPECT_NE(md.find(Sha256Hex(*ReadFileBytes(kFull, 1 << 20))), std::string::npos);
+  EXPECT_NE(md.find(*Sha256Hex(*ReadFileBytes(kFull, 1 << 20))), std::string::npos);
   EXPECT_NE(md.find("<details><summary>"), std::string::npos);
 }
 
@@ -848,7 +848,7 @@ TEST(DiffTest, ConfigTextDiffPointsAtTheLine) {
   const v1::Capsule a = golden::MakeFullCapsule();
   v1::Capsule b = a;
   b.mutable_identity()->set_config_text("lr: 3e-4\nbatch: 4\n");
-  b.mutable_identity()->set_config_sha256(Sha256Hex(b.identity().config_text()));
+  b.mutable_identity()->set_config_sha256(*Sha256Hex(b.identity().config_text()));
   const auto diff = DiffCapsules(a, b);
   ASSERT_EQ(diff.size(), 2u);
   EXPECT_EQ(diff[0].key, "config_sha256");
