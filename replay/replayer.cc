@@ -160,8 +160,23 @@ std::string WhichTensorDiffers(const v1::Capsule& c, const std::vector<NamedTens
 // not the ones it recorded.
 struct Weights {
   std::vector<NamedTensor> params;
-  std::string source;  // "the capsule", the --weights file, "checkpoint PATH"
+  std::vector<NamedTensor> buffers;  // a state dict's running statistics (TensorDigest.buffer)
+  std::string source;                // "the capsule", the --weights file, "checkpoint PATH"
 };
+
+// A checkpoint's tensors split as the capture recorded them: those it marked as buffers, and the
+// parameters.
+Weights SplitRecordedBuffers(const v1::WeightsReference& ref, std::vector<NamedTensor> tensors) {
+  std::set<std::string> buffer_names;
+  for (const v1::TensorDigest& t : ref.tensors()) {
+    if (t.buffer()) buffer_names.insert(t.name());
+  }
+  Weights w;
+  for (NamedTensor& t : tensors) {
+    (buffer_names.count(t.first) != 0 ? w.buffers : w.params).push_back(std::move(t));
+  }
+  return w;
+}
 
 StatusOr<Weights> ReadWeights(const v1::Capsule& c, const ReplayOptions& options,
                               v1::ReplayReport& report) {
@@ -175,7 +190,9 @@ StatusOr<Weights> ReadWeights(const v1::Capsule& c, const ReplayOptions& options
     CAPSULE_ASSIGN_OR_RETURN(w.params, internal::ParameterTensors(*weights->capsule));
     w.source = options.weights_path;
   } else if (c.model().weight_policy() != v1::WEIGHTS_ALL && c.model().has_weights_reference()) {
-    CAPSULE_ASSIGN_OR_RETURN(w.params, LoadReferencedCheckpoint(c, options, report));
+    CAPSULE_ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors,
+                             LoadReferencedCheckpoint(c, options, report));
+    w = SplitRecordedBuffers(c.model().weights_reference(), std::move(tensors));
     CAPSULE_ASSIGN_OR_RETURN(const std::string path,
                              ReferencedCheckpointPath(c.model().weights_reference(), options));
     w.source = "checkpoint " + path;
@@ -215,7 +232,11 @@ Status LoadWeights(const v1::Capsule& c, const ReplayOptions& options, const Wei
     report.add_warnings(msg);
   }
   // The buffers the capture recorded (BatchNorm's running statistics): an eval-mode model
-  // computes with them.
+  // computes with them. A checkpoint's come first; those the capsule embeds are the step's.
+  if (!weights.buffers.empty()) {
+    s = model.LoadBuffers(weights.buffers);
+    if (!s.ok()) return s.WithContext("cannot load the buffers from " + weights.source);
+  }
   return internal::LoadCapsuleBuffers(c, model);
 }
 

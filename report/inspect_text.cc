@@ -128,10 +128,13 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
         << "\n";
     if (c.model().has_weights_reference()) {
       const v1::WeightsReference& ref = c.model().weights_reference();
+      const auto buffers = std::count_if(ref.tensors().begin(), ref.tensors().end(),
+                                         [](const v1::TensorDigest& t) { return t.buffer(); });
       out << "  checkpoint: " << PrintableShort(ref.path()) << " (" << PrintableShort(ref.format())
           << ", " << HumanBytes(static_cast<uint64_t>(ref.size_bytes())) << ", "
-          << ref.tensors_size() << " tensors, sha256 " << ref.tensors_sha256().substr(0, 16)
-          << "…): "
+          << ref.tensors_size() << " tensors"
+          << (buffers > 0 ? " of which " + std::to_string(buffers) + " buffers" : std::string())
+          << ", sha256 " << ref.tensors_sha256().substr(0, 16) << "…): "
           << (ref.matches_step() ? "holds this step's weights"
                                  : "does NOT hold this step's weights")
           << "\n";

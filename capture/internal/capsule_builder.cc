@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "capsule/base/printable.h"
 #include "capsule/format/validate.h"
@@ -300,21 +301,59 @@ std::string RecordedCheckpointPath(const std::string& path, const std::string& c
   return relative.empty() ? to.string() : relative.string();
 }
 
-// The model spec, its hash and size, the re-run's sections and the weights the policy asks for.
-// Names the checkpoint instead of embedding it: its file, every tensor's digest, and whether it
-// holds this step's weights. A checkpoint that cannot be read loses the reference, not the
-// capsule: the reason goes to the capture notes.
+// A checkpoint's tensors split by what the model calls them: a state dict holds its buffers
+// beside its parameters. Anything the model does not call a buffer counts as a parameter, so a
+// stray tensor is a difference, never silently dropped.
+struct CheckpointParts {
+  std::vector<NamedTensor> params;
+  std::vector<NamedTensor> buffers;
+};
+
+CheckpointParts SplitCheckpoint(const std::vector<NamedTensor>& tensors,
+                                const std::vector<NamedTensor>& model_buffers) {
+  std::set<std::string> buffer_names;
+  for (const NamedTensor& b : model_buffers) buffer_names.insert(b.first);
+  CheckpointParts parts;
+  for (const NamedTensor& t : tensors) {
+    (buffer_names.count(t.first) != 0 ? parts.buffers : parts.params).push_back(t);
+  }
+  return parts;
+}
+
+// The model's buffers that the checkpoint also holds, to compare like with like: a checkpoint of
+// parameters alone is still the step's weights.
+std::vector<NamedTensor> BuffersNamedIn(const std::vector<NamedTensor>& model_buffers,
+                                        const std::vector<NamedTensor>& in_checkpoint) {
+  std::set<std::string> names;
+  for (const NamedTensor& b : in_checkpoint) names.insert(b.first);
+  std::vector<NamedTensor> out;
+  for (const NamedTensor& b : model_buffers) {
+    if (names.count(b.first) != 0) out.push_back(b);
+  }
+  return out;
+}
+
+// Names the checkpoint instead of embedding it: its file, every tensor's digest (buffers marked),
+// and whether its parameters are this step's. A checkpoint that cannot be read loses the
+// reference, not the capsule: the reason goes to the capture notes.
 void FillWeightsReference(const std::string& path, const std::string& capsule_dir,
-                          const std::vector<NamedTensor>& params, v1::ModelSpec& ms,
+                          const std::vector<NamedTensor>& params,
+                          const std::vector<NamedTensor>& buffers, v1::ModelSpec& ms,
                           std::vector<std::string>& notes) {
   StatusOr<LoadedCheckpoint> ckpt = LoadCheckpoint(path);
+  const CheckpointParts parts =
+      ckpt.ok() ? SplitCheckpoint(ckpt->tensors, buffers) : CheckpointParts{};
+  const std::vector<NamedTensor> step_buffers = BuffersNamedIn(buffers, parts.buffers);
   StatusOr<std::vector<TensorDigestInfo>> digests =
-      ckpt.ok() ? TensorDigests(ckpt->tensors)
+      ckpt.ok() ? TensorDigests(parts.params)
                 : StatusOr<std::vector<TensorDigestInfo>>(ckpt.status());
+  StatusOr<std::vector<TensorDigestInfo>> buffer_digests = TensorDigests(parts.buffers);
   StatusOr<std::string> hash =
-      ckpt.ok() ? CanonicalModelHash(ckpt->tensors) : StatusOr<std::string>(ckpt.status());
+      ckpt.ok() ? CanonicalModelHash(parts.params) : StatusOr<std::string>(ckpt.status());
   StatusOr<std::vector<TensorDigestInfo>> current = TensorDigests(params);
-  for (const Status* s : {&digests.status(), &hash.status(), &current.status()}) {
+  StatusOr<std::vector<TensorDigestInfo>> current_buffers = TensorDigests(step_buffers);
+  for (const Status* s : {&digests.status(), &buffer_digests.status(), &hash.status(),
+                          &current.status(), &current_buffers.status()}) {
     if (!s->ok()) {
       notes.push_back("capsule: the weights checkpoint cannot be named: " + s->ToString());
       return;
@@ -326,12 +365,18 @@ void FillWeightsReference(const std::string& path, const std::string& capsule_di
   ref.set_file_sha256(ckpt->file_sha256);
   ref.set_format(ckpt->format);
   ref.set_tensors_sha256(*hash);
-  for (const TensorDigestInfo& d : *digests) {
+  std::vector<std::pair<TensorDigestInfo, bool>> all;
+  for (const TensorDigestInfo& d : *digests) all.emplace_back(d, false);
+  for (const TensorDigestInfo& d : *buffer_digests) all.emplace_back(d, true);
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a.first.name < b.first.name; });
+  for (const auto& [d, is_buffer] : all) {
     v1::TensorDigest& t = *ref.add_tensors();
     t.set_name(d.name);
     t.set_dtype(d.dtype);
     for (int64_t x : d.shape) t.add_shape(x);
     t.set_sha256(d.sha256);
+    t.set_buffer(is_buffer);
   }
   const std::string differs = FirstDigestDifference(*digests, *current);
   ref.set_matches_step(differs.empty());
@@ -341,6 +386,13 @@ void FillWeightsReference(const std::string& path, const std::string& capsule_di
                       : "capsule: checkpoint " + path +
                             " does not hold this step's weights (training moved them since): " +
                             differs + "; replay of the whole step needs a checkpoint of this step");
+  const std::string buffers_differ = FirstDigestDifference(*buffer_digests, *current_buffers);
+  if (!buffers_differ.empty()) {
+    notes.push_back("capsule: checkpoint " + path +
+                    " holds other buffers than the model has at capture (a training-mode "
+                    "forward moves running statistics): " +
+                    buffers_differ);
+  }
 }
 
 // The module a parameter or buffer belongs to: its name without the last component.
@@ -367,6 +419,7 @@ Status EmbedBuffers(const Model& model, const std::map<std::string, std::string>
   return Status::Ok();
 }
 
+// The model spec, its hash and size, the re-run's sections and the weights the policy asks for.
 Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
                  const MonitorOptions& options, BuiltCapsule& built) {
   v1::Capsule& c = built.capsule;
@@ -400,7 +453,8 @@ Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
   }
   ms.set_weight_policy(static_cast<v1::WeightPolicy>(policy));
   if (policy != WeightPolicy::kAll && !options.weights_checkpoint.empty()) {
-    FillWeightsReference(options.weights_checkpoint, options.capsule_dir, params, ms, notes);
+    FillWeightsReference(options.weights_checkpoint, options.capsule_dir, params,
+                         model.NamedBuffers(), ms, notes);
   }
   std::map<std::string, std::string> owner;  // parameter name -> layer name
   for (size_t i = 0; i < seq.size(); ++i) {

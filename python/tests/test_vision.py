@@ -88,6 +88,43 @@ def test_an_eval_mode_model_replays_on_its_running_statistics(tmp_path, keys):
     assert rc == 0 and d["diagnosis"] == "NO_DIVERGENCE", d.get("diagnosis_text")
 
 
+def test_a_state_dict_checkpoint_with_batchnorm_buffers_is_the_steps_weights(tmp_path, keys):
+    # model.state_dict() holds the running statistics beside the parameters: the capture called
+    # such a checkpoint "not this step's weights" and replay refused it as another model's.
+    config = {"arch": "resnet18"}
+    net = vision_models.make(config)
+    net.eval()
+    ckpt = tmp_path / "resnet18.pt"
+    torch.save(net.state_dict(), ckpt)
+    monitor = capsule.Monitor(capsule_dir=str(tmp_path / "caps"), signing_key=str(keys[0]),
+                              weight_policy="anomalous_layer", log_sink=lambda line: None)
+    monitor.set_weights_checkpoint(str(ckpt))
+    monitor.attach(vision_models.model_of(net, config))
+    b = batch()
+    with monitor.step(0, batch=b) as s:
+        loss = torch.nn.functional.cross_entropy(net(b["inputs"]), b["labels"])
+        loss.backward()
+        s.end(loss=loss)
+        report = s.capture_now("look at this step")
+    info = json.loads(subprocess.run([CLI, "inspect", report["capsule_path"], "--pubkey",
+                                      str(keys[1]), "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    ref = info["model"]["weights_reference"]
+    assert ref["matches_step"] is True, info.get("capture_notes")
+    buffers = {t["name"] for t in ref["tensors"] if t.get("buffer")}
+    assert {"bn1.running_mean", "bn1.num_batches_tracked"} <= buffers
+    assert "conv1.weight" not in buffers
+    rc, d = replay(report["capsule_path"], keys)
+    assert d["fidelity"] == "REPRODUCED_EXACT", (d["fidelity_detail"], d.get("diagnosis_text"))
+    assert rc == 0 and d["diagnosis"] == "NO_DIVERGENCE", d.get("diagnosis_text")
+    # Running statistics that are not the step's are named, as a parameter would be.
+    state = net.state_dict()
+    state["layer2.0.bn1.running_var"] = state["layer2.0.bn1.running_var"] * 2
+    torch.save(state, ckpt)
+    rc, d = replay(report["capsule_path"], keys, "--force")
+    assert "layer2.0.bn1.running_var" in " ".join(d.get("warnings", [])), d.get("warnings")
+
+
 def test_a_capture_leaves_batchnorm_state_as_an_unarmed_twin_has_it(tmp_path, keys):
     # The capture re-run in training mode moved the running statistics (60 of 122 entries).
     armed, net, _ = capture(tmp_path, keys, {"arch": "resnet18"}, steps=3)
