@@ -318,13 +318,14 @@ v1::Capsule MakeFullCapsule() {
   ref->set_file_sha256(*Sha256Hex("checkpoint file"));
   ref->set_format("torch_archive");
   ref->set_tensors_sha256(*Sha256Hex("checkpoint tensors"));
-  for (const char* name : {"blocks.0.attn.qkv.weight", "embed.weight"}) {
+  for (const char* name : {"blocks.0.attn.qkv.weight", "embed.weight", "ln_f.running_mean"}) {
     v1::TensorDigest* d = ref->add_tensors();
     d->set_name(name);
     d->set_dtype("float32");
     d->add_shape(2);
     d->add_shape(3);
     d->set_sha256(*Sha256Hex(name));
+    d->set_buffer(std::string(name).find("running") != std::string::npos);
   }
   ref->set_matches_step(true);
 
