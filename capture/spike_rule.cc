@@ -70,8 +70,11 @@ std::optional<double> SpikeThreshold(const std::vector<double>& recent, const Sp
   if (logs.empty() || static_cast<int>(logs.size()) < rule.warmup) return std::nullopt;
   std::reverse(logs.begin(), logs.end());
   const Baseline b = rule.detrend ? TrendBaseline(logs) : MedianBaseline(logs);
-  const double margin = std::max(rule.mads * b.spread, std::log(std::max(rule.min_ratio, 1.0)));
-  return std::max(std::exp(b.level + margin), std::exp(b.level) + std::max(rule.min_rise, 0.0));
+  const double level = std::exp(b.level);
+  const double ratio_floor = level * std::max(rule.min_ratio, 1.0);
+  double t = std::max(std::exp(b.level + rule.mads * b.spread), ratio_floor);
+  if (rule.max_rise > 0) t = std::max(std::min(t, level + rule.max_rise), ratio_floor);
+  return std::max(t, level + std::max(rule.min_rise, 0.0));
 }
 
 std::string DescribeSpikeRule(const SpikeRule& rule) {
@@ -80,6 +83,7 @@ std::string DescribeSpikeRule(const SpikeRule& rule) {
   s += rule.detrend
            ? "and " + Compact(rule.mads) + "*1.4826*MAD above the trend of log values " + window
            : "median" + window + " and " + Compact(rule.mads) + "*1.4826*MAD of log values";
+  if (rule.max_rise > 0) s += " or " + Compact(rule.max_rise) + " above it";
   if (rule.min_rise > 0) s += ", and " + Compact(rule.min_rise) + " above it";
   return s + ", after " + std::to_string(rule.warmup) + " steps";
 }

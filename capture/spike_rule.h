@@ -12,9 +12,13 @@
 //
 // i.e. it is at least `min_ratio` times the level, `mads` robust standard deviations above it, and
 // (for a loss in nats) `min_rise` nats above it, so that a loss settled near zero does not fire on
-// ordinary batches that are many times its level but a few hundredths of a nat. No threshold before
-// `warmup` values exist. README ("Triggers") gives the false-trigger and detection rates that chose
-// the defaults; bench/spike_rule_rates.py measures them again.
+// ordinary batches that are many times its level but a few hundredths of a nat. A loss settled
+// near zero also bounces multiplicatively (0.01 to 0.5), which widens the log spread to hundreds
+// of times the level; `max_rise` bounds that: a value `max_rise` above the level (and above
+// `min_ratio` times it) spikes whatever the spread. No threshold before `warmup` values exist.
+// README ("Triggers") gives the false-trigger and detection rates that chose the defaults;
+// bench/spike_rule_rates.py measures them again. detrend = false with min_rise = max_rise = 0 is
+// the plain median/MAD rule.
 //
 //   capsule::SpikeRule rule;                      // loss defaults
 //   std::optional<double> t = capsule::SpikeThreshold(last_values, rule);
@@ -38,6 +42,7 @@ struct SpikeRule {
   bool detrend = true;     // level and spread from a Theil-Sen line through the log values
   double min_rise = 2.0;   // and at least this much above the level, in the values' units: nats
                            // for a loss; 0 (off) for a quantity without a natural unit
+  double max_rise = 4.0;   // a value this far above the level spikes whatever the spread; 0: off
 };
 
 // The smallest value that spikes, in the values' own units; nullopt until the rule has `warmup`
@@ -45,7 +50,8 @@ struct SpikeRule {
 // that are non-finite or not positive are skipped: the rule is for positive quantities.
 std::optional<double> SpikeThreshold(const std::vector<double>& recent, const SpikeRule& rule);
 
-// "> 2x and 6*1.4826*MAD above the trend of log values (last 50), and 1 above it, after 50 steps":
+// "> 2x and 6*1.4826*MAD above the trend of log values (last 50) or 4 above it, and 2 above it,
+// after 50 steps":
 // the rule as recorded in a capsule's trigger.
 std::string DescribeSpikeRule(const SpikeRule& rule);
 

@@ -372,7 +372,7 @@ WeightPolicy ParseWeightPolicy(const std::string& name) {
 }
 
 // {"window": 50, "warmup": 50, "mads": 6.0, "min_ratio": 2.0, "detrend": True,
-// "min_rise": 1.0}; absent keys keep `base`'s.
+// "min_rise": 2.0, "max_rise": 4.0}; absent keys keep `base`'s.
 SpikeRule ParseSpikeRule(const py::handle& value, SpikeRule base) {
   for (const auto& [k, v] : value.cast<py::dict>()) {
     const std::string key = k.cast<std::string>();
@@ -388,6 +388,8 @@ SpikeRule ParseSpikeRule(const py::handle& value, SpikeRule base) {
       base.detrend = v.cast<bool>();
     } else if (key == "min_rise") {
       base.min_rise = v.cast<double>();
+    } else if (key == "max_rise") {
+      base.max_rise = v.cast<double>();
     } else {
       throw py::type_error("Monitor: unknown spike rule field '" + key + "'");
     }

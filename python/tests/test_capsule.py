@@ -468,7 +468,7 @@ def test_spike_threshold_is_the_monitors_rule_with_its_options():
         capsule.spike_threshold(settled, "lr")
     with pytest.raises(TypeError, match="unknown spike rule field 'min_rice'"):
         capsule.spike_threshold(settled, min_rice=1.0)
-    capsule.Monitor(loss_spike={"detrend": False, "min_rise": 0.5},
+    capsule.Monitor(loss_spike={"detrend": False, "min_rise": 0.5, "max_rise": 3.0},
                     grad_norm_spike={"detrend": True, "min_rise": 0.0})
 
 

@@ -73,6 +73,7 @@ SpikeRule MedianRule() {
   SpikeRule rule;
   rule.detrend = false;
   rule.min_rise = 0;
+  rule.max_rise = 0;
   return rule;
 }
 
@@ -133,10 +134,27 @@ TEST(SpikeRuleTest, TheLineFollowsARisingCurveToo) {
   EXPECT_NEAR(*SpikeThreshold(v, rule), 2.0 * std::exp(0.01 * 60), 0.2);
 }
 
+// A loss settled near zero that bounces 0.01-0.5 (a ViT's clean run at step 230-280): the log
+// spread is so wide that 6 robust standard deviations reach 25 nats. A garbage batch 4.2 nats
+// above fires by `max_rise`; the bounces themselves (at most 1.6 nats above) stay quiet.
+TEST(SpikeRuleTest, MaxRiseBoundsTheSpreadOfABouncingSettledLoss) {
+  std::vector<double> v;
+  for (int i = 0; i < 50; ++i) v.push_back(0.04 * std::exp(1.2 * std::sin(i * 2.3)));
+  v[6] = 1.6;
+  SpikeRule unbounded;
+  unbounded.max_rise = 0;
+  EXPECT_GT(*SpikeThreshold(v, unbounded), 4.2);
+  EXPECT_LT(*SpikeThreshold(v, SpikeRule{}), 4.2);
+  EXPECT_GT(*SpikeThreshold(v, SpikeRule{}), 2.0);  // and never under the 2-nat floor
+  // max_rise never lowers the threshold under min_ratio times the level
+  std::vector<double> high(50, 10.0);
+  EXPECT_NEAR(*SpikeThreshold(high, SpikeRule{}), 20.0, 1e-9);
+}
+
 TEST(SpikeRuleTest, DescriptionNamesEveryParameter) {
   EXPECT_EQ(DescribeSpikeRule(SpikeRule{}),
-            "> 2x and 6*1.4826*MAD above the trend of log values (last 50), and 2 above it, after "
-            "50 steps");
+            "> 2x and 6*1.4826*MAD above the trend of log values (last 50) or 4 above it, and 2 "
+            "above it, after 50 steps");
   EXPECT_EQ(DescribeSpikeRule(MedianRule()),
             "> 2x median(last 50) and 6*1.4826*MAD of log values, after 50 steps");
 }
