@@ -213,7 +213,7 @@ TEST_F(TriggerTest, GradNormFiresOnAnExplosionNotOnAdamNoise) {
 
 // The three cases the median/MAD rule got wrong, through the Monitor's own trigger path.
 TEST_F(TriggerTest, BadBatchDuringTheEarlyDescentFires) {
-  // The loss falls from 6.4 to 1.4 through the window; a bad batch at 5.5x the median fires.
+  // The loss falls from 7 to 1.6 (5.0 to 1.6 in the window); a bad batch at 5.5x the median fires.
   std::vector<double> window;
   for (int i = 0; i < 60; ++i) {
     const double loss = 1.0 + 6.0 * std::exp(-i / 25.0) * (1 + 0.08 * std::sin(i * 1.7));

@@ -83,7 +83,7 @@ double MedianOfLast(const std::vector<double>& v, size_t n) {
   return (tail[n / 2] + tail[(n - 1) / 2]) / 2;
 }
 
-// The loss still falls fast through the window (6.4 to 1.4, a +-8% wobble): the window's MAD is
+// The loss still falls fast through the window (5.0 to 1.6, a +-8% wobble): the window's MAD is
 // wide, and a median/MAD threshold sits 14x above the median. A bad-data batch at 5.5x the median
 // is far above the line the descent follows.
 TEST(SpikeRuleTest, BadBatchDuringTheEarlyDescentFires) {
