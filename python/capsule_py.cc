@@ -371,7 +371,8 @@ WeightPolicy ParseWeightPolicy(const std::string& name) {
                         name + "'");
 }
 
-// {"window": 50, "warmup": 50, "mads": 6.0, "min_ratio": 2.0}; absent keys keep `base`'s.
+// {"window": 50, "warmup": 50, "mads": 6.0, "min_ratio": 2.0, "detrend": True,
+// "min_rise": 2.0, "max_rise": 4.0}; absent keys keep `base`'s.
 SpikeRule ParseSpikeRule(const py::handle& value, SpikeRule base) {
   for (const auto& [k, v] : value.cast<py::dict>()) {
     const std::string key = k.cast<std::string>();
@@ -383,11 +384,29 @@ SpikeRule ParseSpikeRule(const py::handle& value, SpikeRule base) {
       base.mads = v.cast<double>();
     } else if (key == "min_ratio") {
       base.min_ratio = v.cast<double>();
+    } else if (key == "detrend") {
+      base.detrend = v.cast<bool>();
+    } else if (key == "min_rise") {
+      base.min_rise = v.cast<double>();
+    } else if (key == "max_rise") {
+      base.max_rise = v.cast<double>();
     } else {
       throw py::type_error("Monitor: unknown spike rule field '" + key + "'");
     }
   }
   return base;
+}
+
+// The Monitor's spike rule on `recent` (oldest first): its default rule for `kind` ("loss" or
+// "grad_norm") with `rule`'s fields changed.
+std::optional<double> SpikeThresholdFor(const std::vector<double>& recent, const std::string& kind,
+                                        const py::dict& rule) {
+  const MonitorOptions defaults;
+  if (kind != "loss" && kind != "grad_norm") {
+    throw py::value_error("spike_threshold: kind is 'loss' or 'grad_norm', not '" + kind + "'");
+  }
+  const SpikeRule& base = kind == "loss" ? defaults.loss_spike : defaults.grad_norm_spike;
+  return SpikeThreshold(recent, ParseSpikeRule(rule, base));
 }
 
 // The Python Monitor's keyword options, one for each MonitorOptions field (capture/monitor.h),
@@ -475,6 +494,7 @@ using capsule::python::PyModel;
 using capsule::python::PyMonitor;
 using capsule::python::PythonError;
 using capsule::python::ReportDict;
+using capsule::python::SpikeThresholdFor;
 
 PYBIND11_MODULE(_capsule, m) {
   m.doc() = "capsule's C++ engine: Monitor, replay and the command line (see the capsule package)";
@@ -618,6 +638,8 @@ PYBIND11_MODULE(_capsule, m) {
                              [](const PyMonitor& self) { return self.monitor.capsules_written(); })
       .def_property_readonly("captures_failed",
                              [](const PyMonitor& self) { return self.monitor.captures_failed(); });
+
+  m.def("spike_threshold", &SpikeThresholdFor, py::arg("recent"), py::arg("kind"), py::arg("rule"));
 
   m.def(
       "cli_main",

@@ -70,7 +70,7 @@ finally:
     del _path
 
 __all__ = ["Model", "Monitor", "Step", "check_stages", "decoder_stages", "sequential_stages",
-           "torchvision_stages", "main"]
+           "spike_threshold", "torchvision_stages", "main"]
 
 
 class Model:
@@ -358,6 +358,17 @@ class Step:
         return True
 
 
+def spike_threshold(recent, kind="loss", **rule):
+    """The smallest value that the Monitor's spike trigger fires on after ``recent`` (the loss or
+    gradient norm of the steps before, oldest first), or None while the rule is still warming up
+    (capture/spike_rule.h). ``kind`` ("loss" or "grad_norm") picks the Monitor's default rule;
+    ``rule`` changes its fields as the Monitor's loss_spike / grad_norm_spike options do: window,
+    warmup, mads, min_ratio, detrend (judge against a robust line through the log values rather
+    than their median), min_rise (the least rise above that level, in the values' units: nats
+    for a loss) and max_rise (a rise that fires whatever the spread; 0: off)."""
+    return _capsule.spike_threshold([float(x) for x in recent], kind, rule)
+
+
 def _float(x):
     if x is None:
         return None
@@ -374,7 +385,8 @@ class Monitor:
     min_steps_between_same_kind, weight_policy ("all", "anomalous_layer", "none"),
     max_weight_bytes, weights_checkpoint, history_length, log_lines, trigger_non_finite_loss,
     trigger_non_finite_grad, trigger_loss_spike, trigger_grad_norm_spike, loss_spike and
-    grad_norm_spike (dicts of window, warmup, mads, min_ratio), rerun, background_write,
+    grad_norm_spike (dicts of window, warmup, mads, min_ratio, detrend, min_rise, max_rise: see
+    ``spike_threshold``), rerun, background_write,
     background_queue_depth, rank, world_size, local_rank, device, annotations, log_sink. An
     unknown option is refused."""
 

@@ -454,6 +454,24 @@ def test_monitor_takes_the_cpp_options_and_refuses_unknown_ones(tmp_path, keys):
     assert c["run_name"] == "opts"
 
 
+def test_spike_threshold_is_the_monitors_rule_with_its_options():
+    # A loss settled near 0.005: an ordinary batch at 0.09 is under the 2-nat floor, but the
+    # median rule (no line fit, no floor) puts the threshold under it.
+    settled = [0.005 * math.exp(0.25 * math.sin(i * 1.3)) for i in range(60)]
+    assert capsule.spike_threshold(settled[:49]) is None  # warm-up: 50 values
+    assert 2.0 < capsule.spike_threshold(settled) < 2.1
+    assert capsule.spike_threshold(settled, detrend=False, min_rise=0.0) < 0.09
+    assert capsule.spike_threshold(settled, min_rise=0.5) < 0.51
+    # the gradient norm's own defaults: 1000x its median, no floor
+    assert capsule.spike_threshold([2.0] * 50, "grad_norm") == pytest.approx(2000.0)
+    with pytest.raises(ValueError, match="kind is 'loss' or 'grad_norm'"):
+        capsule.spike_threshold(settled, "lr")
+    with pytest.raises(TypeError, match="unknown spike rule field 'min_rice'"):
+        capsule.spike_threshold(settled, min_rice=1.0)
+    capsule.Monitor(loss_spike={"detrend": False, "min_rise": 0.5, "max_rise": 3.0},
+                    grad_norm_spike={"detrend": True, "min_rise": 0.0})
+
+
 def test_the_capture_rerun_draws_python_and_numpy_rngs_as_the_step_did(tmp_path, keys):
     import numpy
     torch.manual_seed(0)
