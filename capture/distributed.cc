@@ -406,9 +406,11 @@ StatusOr<std::shared_ptr<Distributed>> Distributed::Create(const DistributedOpti
   }
   if (impl->run_id.empty()) impl->run_id = "run-local";
   // The group's own sequence numbers start from a base rank 0 draws per run; record it so that
-  // triage can line our numbering up with the backend's logs.
+  // triage can line our numbering up with the backend's logs. A group whose number the trainer
+  // already set keeps it (drawing again would renumber it under the trainer's logs); the number
+  // is 0 until set. Every rank takes the same branch: setting is collective through the store.
   try {
-    impl->pg->setSequenceNumberForGroup();
+    if (impl->pg->getSequenceNumberForGroup() == 0) impl->pg->setSequenceNumberForGroup();
     impl->sequence_base = impl->pg->getSequenceNumberForGroup();
   } catch (const std::exception&) {
     impl->sequence_base = 0;  // the backend keeps none
@@ -533,8 +535,11 @@ void Distributed::OnBeginStep(int64_t step, const std::vector<at::Tensor>& param
   const std::set<std::string> replicated(impl_->options.replicated_rngs.begin(),
                                          impl_->options.replicated_rngs.end());
   uint64_t rep = 0, local = 0;
+  bool any_rep = false, any_local = false;  // a class with no RNG has no checksum, not zero's
   for (const auto& [name, state] : rng_states) {
-    uint64_t& into = replicated.count(name) ? rep : local;
+    const bool is_replicated = replicated.count(name) != 0;
+    uint64_t& into = is_replicated ? rep : local;
+    (is_replicated ? any_rep : any_local) = true;
     into = Checksum64(name.data(), name.size(), into);
     into = Checksum64(state.data(), state.size(), into);
   }
@@ -543,8 +548,8 @@ void Distributed::OnBeginStep(int64_t step, const std::vector<at::Tensor>& param
   v1::StepFingerprint f;
   f.set_step(step);
   f.set_params(Hex16(h));
-  f.set_replicated_rng(Hex16(rep));
-  f.set_local_rng(Hex16(local));
+  if (any_rep) f.set_replicated_rng(Hex16(rep));
+  if (any_local) f.set_local_rng(Hex16(local));
   f.set_cursor_epoch(epoch);
   f.set_cursor_offset(offset);
   f.set_sample_ids(Hex16(ids));

@@ -93,7 +93,9 @@ struct DistributedOptions {
   // GRAD_REDUCTION. Off: each rank captures alone.
   bool agree_on_triggers = true;
   // Names of the Monitor's RNGs (RegisterRng, or "torch.cpu" / "torch.cuda") whose state every
-  // replica must share; the others are rank-local. Both are fingerprinted.
+  // replica must share; the others are rank-local. Both are fingerprinted. LibTorch seeds each
+  // process's "torch.cpu" generator on its own (two processes draw different numbers): it is
+  // replicated only when the trainer seeds every rank alike (torch::manual_seed).
   std::vector<std::string> replicated_rngs;
 };
 
@@ -126,8 +128,10 @@ struct AgreementResult {
 
 class Distributed {
  public:
-  // Collective: every rank calls it at the same point (it shares the run id through the store and
-  // sets the group's sequence number). Errors: kInvalidArgument without a process group;
+  // Collective: every rank calls it at the same point (it shares the run id through the store and,
+  // unless the trainer already did on every rank, sets the group's sequence number with
+  // setSequenceNumberForGroup(); a trainer that sets it too does so before Create, never after
+  // or from another thread meanwhile). Errors: kInvalidArgument without a process group;
   // kUnavailable when the store or the group fails.
   static StatusOr<std::shared_ptr<Distributed>> Create(const DistributedOptions& options);
   ~Distributed();

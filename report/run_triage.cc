@@ -107,6 +107,7 @@ std::unique_ptr<v1::Capsule> KeptParts(const v1::Capsule& c) {
   *k->mutable_placement() = c.placement();
   k->mutable_step()->set_global_step(c.step().global_step());
   k->mutable_trigger()->set_kind(c.trigger().kind());
+  k->mutable_trigger()->set_message(c.trigger().message());  // an EXCEPTION's what()
   k->set_created_unix_micros(c.created_unix_micros());
   if (c.has_objective()) *k->mutable_objective() = c.objective();
   if (c.has_distributed()) *k->mutable_distributed() = c.distributed();
@@ -119,7 +120,10 @@ struct RankView {
   int rank = 0;
   std::vector<const RunCapsule*> capsules;  // oldest first
   std::map<uint64_t, const v1::Collective*> collectives;
-  std::map<int64_t, const v1::GradReduction*> reductions;  // by step (the last record wins)
+  // Every reduction record, by (step, sequence): a trainer that reduces per bucket writes several
+  // a step. `reductions` is their step's health as one record (CombineStep).
+  std::map<std::pair<int64_t, uint64_t>, const v1::GradReduction*> records;
+  std::map<int64_t, v1::GradReduction> reductions;  // by step
   std::map<int64_t, const v1::StepFingerprint*> fingerprints;
   int64_t last_step = 0;
 
@@ -137,6 +141,53 @@ struct RankView {
     return latest_path();
   }
 };
+
+// A step's reduction records (one per bucket) as one: norms combine as the root of the sum of
+// squares, non-finite counts add, the sequence is the first record's that was non-finite before
+// (else after) its reduction, else the first's; the per-rank vectors combine alike where every
+// record shared them.
+v1::GradReduction CombineStep(const std::vector<const v1::GradReduction*>& records) {
+  v1::GradReduction out = *records.front();
+  if (records.size() == 1) return out;
+  double local = 0, global = 0;
+  int64_t local_bad = 0, global_bad = 0;
+  const int shared = records.front()->rank_local_norms_size();
+  std::vector<double> rank_norms(static_cast<size_t>(shared), 0.0);
+  std::vector<int64_t> rank_bad(static_cast<size_t>(shared), 0);
+  bool all_shared = true;
+  const v1::GradReduction* blamed = nullptr;
+  for (const v1::GradReduction* r : records) {
+    local += r->local_norm() * r->local_norm();
+    global += r->global_norm() * r->global_norm();
+    local_bad += r->local_non_finite();
+    global_bad += r->global_non_finite();
+    const bool bad_before = r->local_non_finite() > 0 || !std::isfinite(r->local_norm());
+    const bool bad_after = r->global_non_finite() > 0 || !std::isfinite(r->global_norm());
+    if (blamed == nullptr && (bad_before || bad_after)) blamed = r;
+    if (r->rank_local_norms_size() != shared || r->rank_local_non_finite_size() != shared) {
+      all_shared = false;
+      continue;
+    }
+    for (int i = 0; i < shared; ++i) {
+      rank_norms[static_cast<size_t>(i)] += r->rank_local_norms(i) * r->rank_local_norms(i);
+      rank_bad[static_cast<size_t>(i)] += r->rank_local_non_finite(i);
+    }
+  }
+  out.set_local_norm(std::sqrt(local));
+  out.set_global_norm(std::sqrt(global));
+  out.set_local_non_finite(local_bad);
+  out.set_global_non_finite(global_bad);
+  if (blamed != nullptr) out.set_sequence(blamed->sequence());
+  out.clear_rank_local_norms();
+  out.clear_rank_local_non_finite();
+  if (all_shared) {
+    for (int i = 0; i < shared; ++i) {
+      out.add_rank_local_norms(std::sqrt(rank_norms[static_cast<size_t>(i)]));
+      out.add_rank_local_non_finite(rank_bad[static_cast<size_t>(i)]);
+    }
+  }
+  return out;
+}
 
 // Every rank's gradient health at one reduced step, from the ranks' own records and from the
 // per-rank vectors the trigger agreement shared (which let one capsule speak for a missing rank).
@@ -219,8 +270,10 @@ class Triage {
     Completeness();
     Gradients();
     Hang();
+    Exceptions();
     Desync();
     Scaling();
+    LocalRngAlike();  // after scaling: seeded-alike dropout is a weaker cause than a wrong sum
     Evidence();
     Decide();
   }
@@ -288,14 +341,19 @@ class Triage {
       v.capsules.push_back(c);
       const v1::Distributed& d = c->capsule->distributed();
       for (const auto& k : d.collectives()) v.collectives[k.sequence()] = &k;
-      for (const auto& r : d.reductions()) v.reductions[r.step()] = &r;
+      for (const auto& r : d.reductions()) v.records[{r.step(), r.sequence()}] = &r;
       for (const auto& f : d.fingerprints()) v.fingerprints[f.step()] = &f;
       v.last_step = std::max(v.last_step, d.last_step());
       if (!d.fingerprints().empty()) {
         v.last_step = std::max(v.last_step, d.fingerprints().rbegin()->step());
       }
     }
-    for (const auto& [rank, v] : views_) present_.push_back(rank);
+    for (auto& [rank, v] : views_) {
+      present_.push_back(rank);
+      std::map<int64_t, std::vector<const v1::GradReduction*>> by_step;
+      for (const auto& [key, r] : v.records) by_step[key.first].push_back(r);
+      for (const auto& [step, records] : by_step) v.reductions[step] = CombineStep(records);
+    }
   }
 
   void Completeness() {
@@ -344,9 +402,9 @@ class Triage {
     for (const auto& [rank, v] : views_) {
       for (const auto& [step, r] : v.reductions) {
         StepHealth& h = health_[step];
-        h.own[rank] = r;
-        h.local_norm[rank] = r->local_norm();
-        h.local_bad[rank] = LocalBad(r->local_norm(), r->local_non_finite());
+        h.own[rank] = &r;
+        h.local_norm[rank] = r.local_norm();
+        h.local_bad[rank] = LocalBad(r.local_norm(), r.local_non_finite());
       }
     }
     // The shared vectors fill in ranks whose own record is absent (a missing rank, a ring that
@@ -354,10 +412,10 @@ class Triage {
     for (const auto& [rank, v] : views_) {
       for (const auto& [step, r] : v.reductions) {
         StepHealth& h = health_[step];
-        for (int i = 0; i < r->rank_local_norms_size() && i < world_; ++i) {
+        for (int i = 0; i < r.rank_local_norms_size() && i < world_; ++i) {
           if (h.own.count(i)) continue;
-          h.local_norm[i] = r->rank_local_norms(i);
-          h.local_bad[i] = LocalBad(r->rank_local_norms(i), r->rank_local_non_finite(i));
+          h.local_norm[i] = r.rank_local_norms(i);
+          h.local_bad[i] = LocalBad(r.rank_local_norms(i), r.rank_local_non_finite(i));
         }
       }
     }
@@ -370,7 +428,8 @@ class Triage {
       }
       if (bad.empty() || gradients_decided_) continue;
       gradients_decided_ = true;
-      const uint64_t seq = h.own.begin()->second->sequence();
+      const auto own_bad = h.own.find(bad.front());
+      const uint64_t seq = (own_bad != h.own.end() ? own_bad : h.own.begin())->second->sequence();
       const std::string at =
           " at step " + std::to_string(step) + " (sequence " + std::to_string(seq) + ")";
       const std::string& path = PathShowing(bad.front(), step);
@@ -461,6 +520,7 @@ class Triage {
     std::set<int> named;
     Mismatch(seqs, &named);
     Behind(hi, named);
+    named_.insert(named.begin(), named.end());
     DeadPeer(seqs);
     if (!hang_found_ && !missing_.empty()) Undecided("hang", NoCapsuleFrom(missing_));
   }
@@ -636,7 +696,13 @@ class Triage {
       const int64_t behind = last_step - v.last_step;
       std::string detail;
       std::string check = "hang.never_issued";
-      if (v.collectives.rbegin()->second->state() == v1::COMPLETED) {
+      if (v.latest().trigger().kind() == v1::EXCEPTION) {
+        // Its step threw and the trainer left the loop: the others wait for a rank that is gone.
+        check = "hang.exception";
+        detail = "rank " + std::to_string(rank) + " raised an exception in step " +
+                 std::to_string(v.latest().step().global_step()) + " and left the run (" +
+                 ExceptionText(v) + "); it " + issued;
+      } else if (v.collectives.rbegin()->second->state() == v1::COMPLETED) {
         // Its last call completed and it issued nothing since: it is not waiting in a
         // collective but stuck elsewhere (data loading, I/O, a deadlock in its own code).
         check = "hang.stuck_rank";
@@ -656,6 +722,25 @@ class Triage {
       const std::string position = Position(v);
       if (!position.empty()) detail += "; its trainer thread: " + position;
       Add(check, detail, {rank}, v.latest_path()).step(theirs->step(), s);
+      named_.insert(rank);
+    }
+  }
+
+  static std::string ExceptionText(const RankView& v) {
+    const std::string& what = v.latest().trigger().message();
+    return what.empty() ? std::string("no text recorded") : "\"" + Field(what) + "\"";
+  }
+
+  // A rank whose step threw, when no other finding named it: the exception is evidence in itself.
+  void Exceptions() {
+    for (const auto& [rank, v] : views_) {
+      if (named_.count(rank) || v.latest().trigger().kind() != v1::EXCEPTION) continue;
+      const int64_t step = v.latest().step().global_step();
+      Add("rank.exception",
+          "rank " + std::to_string(rank) + "'s step " + std::to_string(step) +
+              " raised an exception (" + ExceptionText(v) + ")",
+          {rank}, v.latest_path())
+          .step(step);
     }
   }
 
@@ -713,6 +798,12 @@ class Triage {
 
   using Checksum = std::string (*)(const v1::StepFingerprint&);
 
+  // Whether a fingerprint checksum records anything: empty, or the checksum of no state at all
+  // (zero; what captures wrote for a class of RNG the trainer has none of), says nothing.
+  static bool Recorded(const std::string& sum) {
+    return !sum.empty() && sum.find_first_not_of('0') != std::string::npos;
+  }
+
   // The first step at which the ranks' `sum` differs: false when none does.
   bool FirstDisagreement(const char* check, const char* what, Checksum sum) {
     std::set<int64_t> steps;
@@ -723,7 +814,7 @@ class Triage {
       std::map<std::string, std::vector<int>> groups;
       for (const auto& [rank, v] : views_) {
         auto it = v.fingerprints.find(step);
-        if (it != v.fingerprints.end() && !sum(*it->second).empty()) {
+        if (it != v.fingerprints.end() && Recorded(sum(*it->second))) {
           groups[sum(*it->second)].push_back(rank);
         }
       }
@@ -762,33 +853,36 @@ class Triage {
                                           [](const v1::StepFingerprint& f) { return f.params(); });
     FirstDisagreement("desync.replicated_rng", "replicated RNG states",
                       [](const v1::StepFingerprint& f) { return f.replicated_rng(); });
-    if (world_ > 1 && present_.size() > 1) {
-      std::set<int64_t> steps;
-      for (const auto& [rank, v] : views_) {
-        for (const auto& [step, f] : v.fingerprints) steps.insert(step);
-      }
-      for (int64_t step : steps) {
-        std::set<std::string> values;
-        size_t have = 0;
-        for (const auto& [rank, v] : views_) {
-          auto it = v.fingerprints.find(step);
-          if (it == v.fingerprints.end() || it->second->local_rng().empty()) break;
-          values.insert(it->second->local_rng());
-          ++have;
-        }
-        if (have != views_.size() || values.size() != 1) continue;
-        Add("desync.local_rng_alike",
-            "the rank-local RNG states are identical on " +
-                (missing_.empty() ? "every rank" : RankList(present_)) + " at step " +
-                std::to_string(step) + " (" + Field(*values.begin()) +
-                "): rank-local RNG seeded alike, so dropout masks and sampling repeat across ranks",
-            present_, views_.begin()->second.PathFor(step))
-            .step(step);
-        break;
-      }
-    }
     if (!params && !missing_.empty()) {
       Undecided("desync", "whether every replica agrees: " + NoCapsuleFrom(missing_));
+    }
+  }
+
+  // Rank-local RNG states identical on every rank: dropout masks and sampling repeat.
+  void LocalRngAlike() {
+    if (world_ <= 1 || present_.size() <= 1) return;
+    std::set<int64_t> steps;
+    for (const auto& [rank, v] : views_) {
+      for (const auto& [step, f] : v.fingerprints) steps.insert(step);
+    }
+    for (int64_t step : steps) {
+      std::set<std::string> values;
+      size_t have = 0;
+      for (const auto& [rank, v] : views_) {
+        auto it = v.fingerprints.find(step);
+        if (it == v.fingerprints.end() || !Recorded(it->second->local_rng())) break;
+        values.insert(it->second->local_rng());
+        ++have;
+      }
+      if (have != views_.size() || values.size() != 1) continue;
+      Add("desync.local_rng_alike",
+          "the rank-local RNG states are identical on " +
+              (missing_.empty() ? "every rank" : RankList(present_)) + " at step " +
+              std::to_string(step) + " (" + Field(*values.begin()) +
+              "): rank-local RNG seeded alike, so dropout masks and sampling repeat across ranks",
+          present_, views_.begin()->second.PathFor(step))
+          .step(step);
+      return;
     }
   }
 
@@ -895,6 +989,9 @@ class Triage {
         }
       }
       if (e.error().empty()) e.set_error(Field(v.latest().distributed().agreement().error()));
+      if (e.error().empty() && v.latest().trigger().kind() == v1::EXCEPTION) {
+        e.set_error(Field(v.latest().trigger().message()));
+      }
     }
   }
 
@@ -976,6 +1073,7 @@ class Triage {
   std::map<int, int64_t> first_bad_step_;
   bool gradients_decided_ = false;
   bool hang_found_ = false;
+  std::set<int> named_;  // ranks a hang finding named
 };
 
 std::string Optional(bool has, uint64_t v) { return has ? std::to_string(v) : "-"; }

@@ -37,8 +37,10 @@ TEST(Checksum64Test, EveryBitOfEveryByteChangesIt) {
 }
 
 // Runs `body(rank, distributed)` on two ranks at once, each on its own thread and process group.
+// `before_create`, when given, runs on each rank's group before Distributed::Create.
 void TwoRanks(const std::function<void(int, Distributed&)>& body, double watchdog_seconds = 0,
-              std::vector<std::vector<std::pair<TriggerKind, std::string>>>* incidents = nullptr) {
+              std::vector<std::vector<std::pair<TriggerKind, std::string>>>* incidents = nullptr,
+              const std::function<void(int, c10d::ProcessGroupGloo&)>& before_create = nullptr) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mu;
   std::vector<std::string> errors;
@@ -47,6 +49,7 @@ void TwoRanks(const std::function<void(int, Distributed&)>& body, double watchdo
       auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(10000));
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
       auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, 2, opts);
+      if (before_create) before_create(rank, *pg);
       DistributedOptions d;
       d.process_group = pg;
       d.store = store;
@@ -128,6 +131,45 @@ TEST(DistributedTest, AMeanReductionRecordsBothSidesAndAgreesOnTriggersAndReplic
             capsules[1].distributed().fingerprints(0).params());
   EXPECT_NE(capsules[0].distributed().fingerprints(0).local_rng(),
             capsules[1].distributed().fingerprints(0).local_rng());
+}
+
+TEST(DistributedTest, AnRngClassTheTrainerHasNoneOfHasNoChecksum) {
+  // The checksum of no state was sixteen zeros on every rank, which triage read as rank-local
+  // RNGs seeded alike.
+  std::vector<v1::Capsule> capsules(2);
+  TwoRanks([&](int rank, Distributed& d) {
+    d.OnBeginStep(0, Params(rank, 1.0), {}, 0, 0, {});
+    d.FillSection(&capsules[rank]);
+  });
+  for (const v1::Capsule& c : capsules) {
+    ASSERT_EQ(c.distributed().fingerprints_size(), 1);
+    EXPECT_EQ(c.distributed().fingerprints(0).local_rng(), "");
+    EXPECT_EQ(c.distributed().fingerprints(0).replicated_rng(), "");
+    EXPECT_FALSE(c.distributed().fingerprints(0).params().empty());
+  }
+}
+
+TEST(DistributedTest, ASequenceNumberTheTrainerSetIsKeptNotDrawnAgain) {
+  // A trainer that set the group's sequence number and issued collectives before Create: drawing
+  // the base again would renumber the group under the trainer's own logs.
+  std::vector<uint64_t> before(2), base(2);
+  std::vector<v1::Capsule> capsules(2);
+  TwoRanks(
+      [&](int rank, Distributed& d) {
+        d.OnBeginStep(0, Params(rank, 1.0), {}, 0, 0, {});
+        d.FillSection(&capsules[rank]);
+        base[rank] = capsules[rank].distributed().sequence_base();
+      },
+      0, nullptr,
+      [&](int rank, c10d::ProcessGroupGloo& pg) {
+        pg.setSequenceNumberForGroup();
+        std::vector<at::Tensor> t = {at::ones({3})};
+        pg.allreduce(t)->wait();
+        before[rank] = pg.getSequenceNumberForGroup();
+      });
+  EXPECT_EQ(before[0], before[1]);
+  EXPECT_EQ(base[0], before[0]);
+  EXPECT_EQ(base[1], before[1]);
 }
 
 TEST(DistributedTest, ASumWhereTheLossNeedsAMeanIsCaught) {

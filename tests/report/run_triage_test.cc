@@ -1,5 +1,5 @@
 // TriageRun over synthetic data-parallel runs: one signed capsule per rank, one fault per test,
-// each for 2 and 4 ranks. Each case is checked twice: the analysis on the decoded messages, and
+// each for 2, 3 and 4 ranks. Each case is checked twice: the analysis on the decoded messages, and
 // `capsule triage` on the files it wrote (exit status, and the text names the rank and the cause).
 #include "capsule/report/run_triage.h"
 
@@ -212,7 +212,7 @@ class RunTriageTest : public ::testing::TestWithParam<int> {
   std::string pubkey_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Ranks, RunTriageTest, ::testing::Values(2, 4),
+INSTANTIATE_TEST_SUITE_P(Ranks, RunTriageTest, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 TEST_P(RunTriageTest, CleanRunHasNoFindingAndExitsZero) {
@@ -505,6 +505,128 @@ TEST_P(RunTriageTest, ASkippedCollectiveIsNamedWhenTheOthersFailedInIt) {
                           "allreduce grads in every step"),
             std::string::npos)
       << r.output;
+}
+
+TEST_P(RunTriageTest, EveryBucketOfAStepCountsNotJustItsLastReduction) {
+  // A trainer that reduces per bucket writes several records a step. Rank `last`'s first bucket
+  // of step 2 was non-finite and its second finite; step 3 is non-finite everywhere (the NaN
+  // reached the weights). Keeping a step's last record only called it a replicated bug at step 3.
+  std::vector<v1::Capsule> run = CleanRun(world());
+  SetLocal(run, last(), 2, std::nan(""), 7);
+  for (int rank = 0; rank < world(); ++rank) SetLocal(run, rank, 3, std::nan(""), 5);
+  SetGlobal(run, 2, std::nan(""), 1024);
+  SetGlobal(run, 3, std::nan(""), 1024);
+  for (v1::Capsule& c : run) {
+    auto& reductions = *c.mutable_distributed()->mutable_reductions();
+    std::vector<v1::GradReduction> records(reductions.begin(), reductions.end());
+    v1::GradReduction second = records[2];  // step 2's second bucket: finite everywhere
+    second.set_sequence(5);
+    second.set_local_norm(0.5);
+    second.set_local_non_finite(0);
+    for (int i = 0; i < world(); ++i) {
+      second.set_rank_local_norms(i, 0.5);
+      second.set_rank_local_non_finite(i, 0);
+    }
+    records.insert(records.begin() + 3, second);
+    reductions.Clear();
+    for (const v1::GradReduction& r : records) *reductions.Add() = r;
+  }
+  const v1::RunTriage t = Analyse(run);
+  ASSERT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
+  const v1::TriageFinding& f = Only(t, "gradients.first_bad_rank");
+  EXPECT_EQ(Ranks(f), std::vector<int>{last()});
+  EXPECT_EQ(f.step(), 2);
+  EXPECT_EQ(f.sequence(), 4u);
+  EXPECT_EQ(t.ranks(last()).first_non_finite_step(), 2);
+  EXPECT_EQ(t.ranks(0).first_non_finite_step(), 3);
+}
+
+TEST_P(RunTriageTest, TheChecksumOfNoRankLocalRngIsNotSeededAlike) {
+  // A trainer with no rank-local RNG: captures wrote the checksum of nothing, zero, on every rank.
+  // That said "seeded alike", ahead of the wrong sum that was the real cause.
+  std::vector<v1::Capsule> run = CleanRun(world());
+  for (v1::Capsule& c : run) {
+    c.mutable_objective()->set_reduction(v1::TOKEN_MEAN);
+    c.mutable_objective()->set_ranks(1);
+    for (auto& f : *c.mutable_distributed()->mutable_fingerprints()) {
+      f.set_local_rng("0000000000000000");
+    }
+    for (auto& r : *c.mutable_distributed()->mutable_reductions()) {
+      r.set_local_norm(1.0);
+      for (int i = 0; i < world(); ++i) r.set_rank_local_norms(i, 1.0);
+      r.set_global_norm(world());
+      r.set_divisor(1);
+    }
+  }
+  v1::RunTriage t = Analyse(run);
+  ASSERT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
+  Only(t, "scaling.sum_not_mean");
+
+  // Seeded alike for real, and the sum: the sum comes first.
+  for (v1::Capsule& c : run) {
+    for (auto& f : *c.mutable_distributed()->mutable_fingerprints()) f.set_local_rng(Hex16(42));
+  }
+  t = Analyse(run);
+  ASSERT_EQ(t.findings_size(), 2) << RenderRunTriageText(t);
+  EXPECT_EQ(t.findings(0).check(), "scaling.sum_not_mean");
+  EXPECT_EQ(t.findings(1).check(), "desync.local_rng_alike");
+}
+
+// Rank `last` left the run after step 2; the others wait in step 3's "grads" (sequence 6). Its
+// capsule is `last_kind`, with `message`.
+std::vector<v1::Capsule> RankLeftAfterStep2(int world, v1::TriggerKind last_kind,
+                                            const std::string& message) {
+  std::vector<v1::Capsule> run = CleanRun(world);
+  for (v1::Capsule& c : run) {
+    v1::Distributed& d = *c.mutable_distributed();
+    d.mutable_collectives()->RemoveLast();
+    d.mutable_reductions()->RemoveLast();
+    if (c.placement().rank() == world - 1) {
+      d.mutable_collectives()->RemoveLast();
+      d.mutable_fingerprints()->RemoveLast();
+      d.set_last_step(2);
+      c.mutable_step()->set_global_step(2);
+      c.mutable_trigger()->set_kind(last_kind);
+      c.mutable_trigger()->set_message(message);
+    } else {
+      d.mutable_collectives(6)->set_state(v1::ENQUEUED);
+      d.mutable_collectives(6)->set_completed_unix_micros(0);
+      c.mutable_trigger()->set_kind(v1::HANG);
+    }
+  }
+  return run;
+}
+
+TEST_P(RunTriageTest, ARankThatRaisedIsNamedWithItsExceptionNotAsStuck) {
+  const std::string what = "RuntimeError: shape '[4, 16]' is invalid for input of size 60";
+  std::vector<v1::Capsule> run = RankLeftAfterStep2(world(), v1::EXCEPTION, what);
+  const v1::RunTriage t = Analyse(run);
+  ASSERT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
+  const v1::TriageFinding& f = Only(t, "hang.exception");
+  EXPECT_EQ(Ranks(f), std::vector<int>{last()});
+  EXPECT_EQ(f.sequence(), 6u);
+  EXPECT_NE(f.detail().find(what), std::string::npos) << f.detail();
+  EXPECT_EQ(t.ranks(last()).error(), what);
+
+  Write(run);
+  const CommandResult r = Cli();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("rank " + std::to_string(last()) +
+                          " raised an exception in step 2 and left the run (\"" + what + "\")"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_P(RunTriageTest, AnExceptionNoOtherFindingExplainsIsAFinding) {
+  std::vector<v1::Capsule> run = CleanRun(world());
+  run[last()].mutable_trigger()->set_kind(v1::EXCEPTION);
+  run[last()].mutable_trigger()->set_message("ValueError: bad batch");
+  const v1::RunTriage t = Analyse(run);
+  ASSERT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
+  const v1::TriageFinding& f = Only(t, "rank.exception");
+  EXPECT_EQ(Ranks(f), std::vector<int>{last()});
+  EXPECT_EQ(f.step(), kSteps - 1);
+  EXPECT_EQ(t.outcome(), v1::TRIAGE_FINDING);
 }
 
 TEST_P(RunTriageTest, AReductionThatSummedIsNamedWithItsRatio) {
