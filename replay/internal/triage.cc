@@ -424,8 +424,10 @@ double TrainerLossTolerance(const TriageInput& in) {
 // micro-batches weigh more), and the declared loss times the number of micro-batches (the
 // accumulated loss not divided by it).
 void CheckTrainerLoss(const TriageInput& in, const Reduced& d, v1::StageReport& r) {
+  // A loss averaged over data-parallel ranks is not this rank's batch alone: not judged here.
   if (in.capsule == nullptr || in.capsule->data().micro_batches() <= 1 ||
-      in.capsule->data().sequences_size() != d.seq_sum.size(0)) {
+      in.capsule->data().sequences_size() != d.seq_sum.size(0) ||
+      in.capsule->objective().ranks() > 1) {
     return;
   }
   std::optional<double> trainer;

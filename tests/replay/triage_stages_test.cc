@@ -240,12 +240,15 @@ TEST(TriageStagesTest, ATrainerLossOffTheDeclaredObjectiveFails) {
     EXPECT_EQ(report.diagnosis(), v1::OBJECTIVE);
   }
   {
-    const Case c = AccumulatedCase(1.3);
+    Case c = AccumulatedCase(1.3);
     const v1::StageReport r = internal::RunObjectiveStage(c.Input());
     const v1::Finding* f = Find(r, "objective.trainer_loss");
     ASSERT_NE(f, nullptr) << r.DebugString();
     EXPECT_TRUE(f->failed()) << f->detail();
     EXPECT_TRUE(r.explains());
+    // Averaged over two data-parallel ranks, the loss is not this rank's batch's: not judged.
+    c.capsule.mutable_objective()->set_ranks(2);
+    EXPECT_EQ(Find(internal::RunObjectiveStage(c.Input()), "objective.trainer_loss"), nullptr);
   }
 }
 
