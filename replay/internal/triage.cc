@@ -424,10 +424,8 @@ double TrainerLossTolerance(const TriageInput& in) {
 // micro-batches weigh more), and the declared loss times the number of micro-batches (the
 // accumulated loss not divided by it).
 void CheckTrainerLoss(const TriageInput& in, const Reduced& d, v1::StageReport& r) {
-  // A loss averaged over data-parallel ranks is not this rank's batch alone: not judged here.
   if (in.capsule == nullptr || in.capsule->data().micro_batches() <= 1 ||
-      in.capsule->data().sequences_size() != d.seq_sum.size(0) ||
-      in.capsule->objective().ranks() > 1) {
+      in.capsule->data().sequences_size() != d.seq_sum.size(0)) {
     return;
   }
   std::optional<double> trainer;
@@ -478,7 +476,18 @@ void CheckTrainerLoss(const TriageInput& in, const Reduced& d, v1::StageReport& 
              " times it), nor the mean of micro-batch means, nor the declared loss times the " +
              "micro-batches: the trainer optimizes another objective than it declares";
   }
-  AddFinding(r, check, !ok, means ? e_means : not_divided ? e_sum : e, tol, detail);
+  // A loss averaged over data-parallel ranks need not be this rank's batch's: a mismatch no
+  // variant names is then a note.
+  const bool local = in.capsule->objective().ranks() <= 1;
+  if (!ok && !means && !not_divided && !local) {
+    detail += " (the loss spans " + std::to_string(in.capsule->objective().ranks()) +
+              " ranks: not judged on this rank's batch)";
+  }
+  AddFinding(r, check, !ok && (means || not_divided || local),
+             means         ? e_means
+             : not_divided ? e_sum
+                           : e,
+             tol, detail);
 }
 
 // The model's loss differs from the declared one: the variants whose value it equals.
