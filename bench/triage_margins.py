@@ -37,7 +37,7 @@ def main():
     failed = 0
     runs = 0
     with tempfile.TemporaryDirectory() as work:
-        for seed in (1, 2, 3, 4):
+        for seed in (1, 2, 3, 4, 5):
             for batch in (3, 8):
                 extra = (["--pad", "--accum", "2", "--weight-decay", "0.1", "--loss-scale", "1024",
                           "--clip", "1"] if batch == 8 else [])

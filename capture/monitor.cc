@@ -62,7 +62,9 @@ struct Monitor::State {
   std::set<TriggerKind> quiet_kinds;  // rate-limited kinds already reported in this window
   std::deque<RunEvent> events;
   OptimizerProbe* probe = nullptr;  // set while an OptimizerProbe is attached
-  std::optional<internal::PendingCapture> pending;
+  // Capsules waiting for the optimizer step, in capture order: a second capture in the same step
+  // (a manual one after a trigger) waits beside the first, and both are written.
+  std::vector<internal::PendingCapture> pending;
   // MonitorOptions::background_write: made at the first capsule it writes.
   std::unique_ptr<internal::BackgroundWriter> writer;
   int in_background = 0;  // capsules queued whose write is not collected yet
@@ -309,7 +311,7 @@ void Monitor::Emit(const std::string& line) const {
 
 void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch& batch) {
   std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
-  if (state_->pending) Flush();
+  if (!state_->pending.empty()) Flush();
   CollectWrites();
   if (!state_->snap) state_->snap.emplace();
   StepSnapshot& s = *state_->snap;
@@ -325,6 +327,7 @@ void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch&
   s.batch.tensors.labels = CopyIfDefined(batch.tensors.labels);
   s.batch.tensors.attention_mask = CopyIfDefined(batch.tensors.attention_mask);
   s.batch.tensors.loss_mask = CopyIfDefined(batch.tensors.loss_mask);
+  s.batch.tensors.response_mask = CopyIfDefined(batch.tensors.response_mask);
   s.torch_rngs = SnapshotTorchRngs();
   s.user_rngs.clear();
   for (const State::NamedRng& r : state_->user_rngs) {
@@ -433,8 +436,8 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   const int64_t step = state_->snap ? state_->snap->step : 0;
   const std::string what =
       std::string(TriggerKindName(fired.kind)) + " at step " + std::to_string(step);
-  const int attempts =
-      capsules_written_ + captures_failed_ + (state_->pending ? 1 : 0) + state_->in_background;
+  const int attempts = capsules_written_ + captures_failed_ +
+                       static_cast<int>(state_->pending.size()) + state_->in_background;
   if (attempts >= options_.max_capsules) {
     report.rate_limited = true;
     report.summary = what + ": no capsule (limit of " + std::to_string(options_.max_capsules) +
@@ -476,8 +479,8 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   // re-run each of them and most likely fail the same way.
   state_->last_capture_step[fired.kind] = step;
   if (s.ok() && report.pending) {
-    state_->pending->what = what;
-    state_->pending->report = report;
+    state_->pending.back().what = what;
+    state_->pending.back().report = report;
     report.summary = what + ": capsule built; written after the optimizer step";
     return report;
   }
@@ -485,30 +488,34 @@ StepReport Monitor::Capture(const FiredTrigger& fired, const std::string& messag
   return report;
 }
 
-v1::Capsule* Monitor::PendingCapsule() {
-  return state_->pending ? &state_->pending->capsule : nullptr;
+std::vector<v1::Capsule*> Monitor::PendingCapsules() {
+  std::vector<v1::Capsule*> out;
+  for (internal::PendingCapture& p : state_->pending) out.push_back(&p.capsule);
+  return out;
 }
 
 void Monitor::SetOptimizerProbe(OptimizerProbe* probe) { state_->probe = probe; }
 
 StepReport Monitor::Flush() {
   std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
-  if (!state_->pending) return {};
   StepReport report;
-  try {
-    report = WritePending();
-  } catch (const std::exception& e) {
-    // Nothing may escape into the trainer (this also runs in the destructor).
-    report.triggered = true;
-    FinishReport(InternalError(std::string("capture failed: ") + e.what()), "pending capsule",
-                 &report);
+  while (!state_->pending.empty()) {
+    try {
+      report = WritePending();
+    } catch (const std::exception& e) {
+      // Nothing may escape into the trainer (this also runs in the destructor).
+      report = StepReport{};
+      report.triggered = true;
+      FinishReport(InternalError(std::string("capture failed: ") + e.what()), "pending capsule",
+                   &report);
+    }
   }
   return report;
 }
 
 StepReport Monitor::WritePending() {
-  internal::PendingCapture p = std::move(*state_->pending);
-  state_->pending.reset();
+  internal::PendingCapture p = std::move(state_->pending.front());
+  state_->pending.erase(state_->pending.begin());
   StepReport report = p.report;
   report.pending = false;
   if (!p.capsule.optimizer().observed_after()) {
@@ -613,7 +620,8 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   }
   if (state_->probe != nullptr && !incident) {
     // The optimizer section comes from the trainer's own step, after this returns.
-    state_->pending = internal::PendingCapture{std::move(built.capsule), std::move(key), {}, ""};
+    state_->pending.push_back(
+        internal::PendingCapture{std::move(built.capsule), std::move(key), {}, ""});
     report->pending = true;
     return Status::Ok();
   }

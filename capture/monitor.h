@@ -133,6 +133,12 @@ struct MonitorOptions {
   // first anomalous layer, embedded layer inputs). Off: the capsule holds the snapshot only.
   bool rerun = true;
 
+  // The parameters the trainer means to keep frozen: names or glob patterns (`*` any run of
+  // characters, `?` one), recorded in every capsule (capsule.v1.ModelSpec.declared_frozen).
+  // Replay's gradients stage fails a matching parameter that requires grad, gets a gradient or
+  // was updated. Empty: nothing declared.
+  std::vector<std::string> declared_frozen;
+
   // Where the trainer runs; recorded in the capsule (AttachDistributed sets them from the group).
   int rank = 0;
   int world_size = 1;
@@ -300,9 +306,9 @@ class Monitor {
   // message) and returns the report instead of letting the exception escape.
   StepReport RunStep(const std::function<void()>& step_fn);
 
-  // Writes a capsule still waiting for its optimizer step (also done by BeginStep and the
-  // destructor), or queues it with MonitorOptions::background_write. Returns the report of that
-  // write; an empty report when none was waiting.
+  // Writes the capsules still waiting for their optimizer step (also done by BeginStep and the
+  // destructor), or queues them with MonitorOptions::background_write. Returns the report of the
+  // last write (each is logged); an empty report when none was waiting.
   StepReport Flush();
 
   // Blocks until every capsule handed to the background writer is written (or has failed), and
@@ -333,13 +339,13 @@ class Monitor {
   // Finishes the reports of the background writes that are done: counts and log lines.
   void CollectWrites();
   bool CaptureIncident(TriggerKind kind, const std::string& reason);
-  // Writes the pending capsule (OptimizerProbe fills its optimizer section first) and finishes
-  // its report: counts, summary, log line.
+  // Writes the first pending capsule (OptimizerProbe fills its optimizer section first) and
+  // finishes its report: counts, summary, log line.
   StepReport WritePending();
   void FinishReport(const Status& s, const std::string& what, StepReport* report);
-  // For OptimizerProbe: the capsule waiting for the optimizer step (null when none), and
+  // For OptimizerProbe: the capsules waiting for the optimizer step (empty when none), and
   // attaching or detaching the probe.
-  v1::Capsule* PendingCapsule();
+  std::vector<v1::Capsule*> PendingCapsules();
   void SetOptimizerProbe(OptimizerProbe* probe);
   void Emit(const std::string& line) const;
 

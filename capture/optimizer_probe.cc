@@ -99,7 +99,7 @@ OptimizerProbe::~OptimizerProbe() {
 
 void OptimizerProbe::BeforeStep(const OptimizerStepInfo& info) {
   before_.reset();
-  if (monitor_.PendingCapsule() == nullptr) return;  // the armed cost: this branch
+  if (monitor_.PendingCapsules().empty()) return;  // the armed cost: this branch
   try {
     auto b = std::make_unique<Before>();
     b->info = info;
@@ -158,16 +158,22 @@ void OptimizerProbe::BeforeStep(const OptimizerStepInfo& info) {
 }
 
 StepReport OptimizerProbe::AfterStep() {
-  v1::Capsule* c = monitor_.PendingCapsule();
-  if (c == nullptr) return {};
+  const std::vector<v1::Capsule*> pending = monitor_.PendingCapsules();
+  if (pending.empty()) return {};
+  for (v1::Capsule* c : pending) RecordStep(c);
+  before_.reset();
+  return monitor_.Flush();
+}
+
+void OptimizerProbe::RecordStep(v1::Capsule* c) {
+  if (!before_) {
+    c->add_capture_notes(
+        "optimizer: BeforeStep was not called (or failed) before the step; the step is not "
+        "recorded");
+    return;
+  }
   try {
     v1::OptimizerStep& out = *c->mutable_optimizer();
-    if (!before_) {
-      c->add_capture_notes(
-          "optimizer: BeforeStep was not called (or failed) before the step; the step is not "
-          "recorded");
-      return monitor_.Flush();
-    }
     const Before& b = *before_;
     out.set_kind(b.kind);
     for (const v1::ParamGroup& g : b.groups) *out.add_groups() = g;
@@ -217,8 +223,6 @@ StepReport OptimizerProbe::AfterStep() {
   } catch (const std::exception& e) {
     c->add_capture_notes(std::string("optimizer: step not recorded: ") + e.what());
   }
-  before_.reset();
-  return monitor_.Flush();
 }
 
 }  // namespace capsule

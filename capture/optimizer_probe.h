@@ -88,6 +88,8 @@ class OptimizerProbe {
 
  private:
   struct Before;  // the state recorded by BeforeStep
+  // Writes the step recorded by BeforeStep, and the parameters as they are now, into `c`.
+  void RecordStep(v1::Capsule* c);
   Monitor& monitor_;
   torch::optim::Optimizer& optimizer_;
   std::vector<NamedTensor> named_;

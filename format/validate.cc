@@ -528,7 +528,8 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     if (seq.labels_size() != 0 && seq.labels_size() != n) {
       return Invalid(where, "labels and token_ids have different lengths");
     }
-    for (const std::string* mask : {&seq.attention_mask(), &seq.loss_mask()}) {
+    for (const std::string* mask :
+         {&seq.attention_mask(), &seq.loss_mask(), &seq.response_mask()}) {
       if (mask->empty()) continue;
       if (static_cast<int64_t>(mask->size()) != n) {
         return Invalid(where, "a mask and token_ids have different lengths");

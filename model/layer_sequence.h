@@ -52,6 +52,8 @@ struct LayerBatch {
                                // (see labels_shifted), any dtype and shape otherwise
   at::Tensor attention_mask;   // optional: [batch, seq] 0/1
   at::Tensor loss_mask;        // optional: [batch, seq] 0/1
+  at::Tensor response_mask;    // optional: [batch, seq] 0/1, aligned like loss_mask: 1 on a
+                               // response token, 0 on a prompt token the loss should leave out
   bool labels_shifted = true;  // labels[i] is the target of position i
   bool training = true;        // dropout and friends on
 

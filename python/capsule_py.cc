@@ -63,11 +63,10 @@ std::string PythonError(py::error_already_set& e) {
 // float64 path, as its first layer's input is (model/layer_sequence.h FirstLayerInput).
 py::dict BatchDict(const LayerBatch& b, at::ScalarType dtype) {
   py::dict d;
-  const std::pair<const char*, const at::Tensor*> fields[] = {{"input_ids", &b.input_ids},
-                                                              {"inputs", &b.inputs},
-                                                              {"labels", &b.labels},
-                                                              {"attention_mask", &b.attention_mask},
-                                                              {"loss_mask", &b.loss_mask}};
+  const std::pair<const char*, const at::Tensor*> fields[] = {
+      {"input_ids", &b.input_ids}, {"inputs", &b.inputs},
+      {"labels", &b.labels},       {"attention_mask", &b.attention_mask},
+      {"loss_mask", &b.loss_mask}, {"response_mask", &b.response_mask}};
   for (const auto& [name, t] : fields) {
     if (!t->defined()) continue;
     const bool widen = dtype == at::kDouble && t->is_floating_point() && t->scalar_type() != dtype;
@@ -158,6 +157,7 @@ LayerBatch BatchFromDict(const py::dict& d) {
   b.labels = TensorOr(d, "labels");
   b.attention_mask = TensorOr(d, "attention_mask");
   b.loss_mask = TensorOr(d, "loss_mask");
+  b.response_mask = TensorOr(d, "response_mask");
   if (d.contains("labels_shifted")) b.labels_shifted = d["labels_shifted"].cast<bool>();
   if (d.contains("training")) b.training = d["training"].cast<bool>();
   return b;
@@ -439,6 +439,8 @@ MonitorOptions OptionsFrom(const py::kwargs& kw) {
       {"grad_norm_spike",
        [&](const py::handle& v) { o.grad_norm_spike = ParseSpikeRule(v, o.grad_norm_spike); }},
       {"rerun", [&](const py::handle& v) { o.rerun = v.cast<bool>(); }},
+      {"declared_frozen",
+       [&](const py::handle& v) { o.declared_frozen = v.cast<std::vector<std::string>>(); }},
       {"background_write", [&](const py::handle& v) { o.background_write = v.cast<bool>(); }},
       {"background_queue_depth",
        [&](const py::handle& v) { o.background_queue_depth = v.cast<int>(); }},

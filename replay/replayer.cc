@@ -346,6 +346,53 @@ Status CompareForward(Model& model, const ReferenceRun& ref_run, const LayerBatc
 
 // Backward layerwise: for layer i, both paths get the reference input and the reference upstream
 // gradient (d loss / d output_i); their input and parameter gradients are compared.
+// One layer's gradients on both paths, by name: the worst comparison, or, when a tensor has a
+// gradient on one path and none on the other (a detach() on one path only), that tensor against
+// zeros, marked in `reason`. Adds nothing when neither path has a gradient.
+Status CompareLayerGrads(const std::vector<NamedTensor>& ref_grads,
+                         const std::vector<NamedTensor>& opt_grads, int index,
+                         const std::string& name, const CompareOptions& compare,
+                         v1::ReplayReport& report) {
+  std::optional<TensorComparison> worst;
+  std::string worst_name, missing;
+  for (const NamedTensor& r : ref_grads) {
+    at::Tensor o;
+    for (const NamedTensor& c : opt_grads) {
+      if (c.first == r.first) o = c.second;
+    }
+    if (!r.second.defined() && !o.defined()) continue;
+    const at::Tensor want = r.second.defined() ? r.second : at::zeros_like(o);
+    const at::Tensor got = o.defined() ? o : at::zeros_like(r.second);
+    // A gradient of zeros on one path and none on the other agree.
+    const at::Tensor& present = o.defined() ? o : r.second;
+    const char* none = r.second.defined() && o.defined()   ? nullptr
+                       : !present.ne(0).any().item<bool>() ? nullptr
+                       : !o.defined()                      ? "optimized"
+                                                           : "reference";
+    CAPSULE_ASSIGN_OR_RETURN(TensorComparison cmp, CompareTensors(got, want, name, compare));
+    if (none != nullptr) {
+      cmp.diverged = true;
+      if (missing.empty()) missing = r.first + " has no gradient on the " + none + " path";
+    }
+    if (!worst || (none != nullptr && !worst->diverged) || Worse(cmp, *worst)) {
+      worst = cmp;
+      worst_name = r.first;
+    }
+  }
+  if (!worst) return Status::Ok();
+  v1::LayerComparison& lc = *report.add_layers();
+  lc.set_index(index);
+  lc.set_name(name);
+  lc.set_phase(v1::BACKWARD);
+  lc.set_tensor(worst_name);
+  FillComparison(*worst, &lc);
+  if (!missing.empty()) {
+    lc.set_verdict(v1::DIVERGED);
+    lc.set_reason(missing + (lc.reason().empty() ? "" : "; " + lc.reason()));
+  }
+  return Status::Ok();
+}
+
 Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBatch& batch,
                        const ReplayOptions& options, v1::ReplayReport& report) {
   LayerSequence& ref = model.Path(PathKind::kReference);
@@ -369,7 +416,11 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
     if (wrt.empty()) return wrt;
     try {
       TensorList out = seq.Forward(i, PrivateCopy(in), batch);  // `in` are the leaves
-      if (!out.at(0).requires_grad()) return std::vector<NamedTensor>{};
+      if (!out.at(0).requires_grad()) {
+        // Cut off from every input and parameter (a detach()): none of them gets a gradient.
+        for (auto& w : wrt) w.second = at::Tensor();
+        return wrt;
+      }
       TensorList tensors;
       for (const auto& w : wrt) tensors.push_back(w.second);
       const at::Tensor g =
@@ -392,25 +443,8 @@ Status CompareBackward(Model& model, const ReferenceRun& ref_run, const LayerBat
     if (i + 1 < n && !upstream.defined()) continue;  // the loss does not depend on this output
     CAPSULE_ASSIGN_OR_RETURN(auto ref_grads, grads_of(ref, i, ref.compute_dtype(), upstream));
     CAPSULE_ASSIGN_OR_RETURN(auto opt_grads, grads_of(opt, i, opt.compute_dtype(), upstream));
-    std::optional<TensorComparison> worst;
-    std::string worst_name;
-    for (size_t k = 0; k < ref_grads.size() && k < opt_grads.size(); ++k) {
-      if (!ref_grads[k].second.defined() || !opt_grads[k].second.defined()) continue;
-      CAPSULE_ASSIGN_OR_RETURN(
-          TensorComparison cmp,
-          CompareTensors(opt_grads[k].second, ref_grads[k].second, opt.name(i), compare));
-      if (!worst || Worse(cmp, *worst)) {
-        worst = cmp;
-        worst_name = opt_grads[k].first;
-      }
-    }
-    if (!worst) continue;
-    v1::LayerComparison& lc = *report.add_layers();
-    lc.set_index(static_cast<int>(i));
-    lc.set_name(opt.name(i));
-    lc.set_phase(v1::BACKWARD);
-    lc.set_tensor(worst_name);
-    FillComparison(*worst, &lc);
+    CAPSULE_RETURN_IF_ERROR(
+        CompareLayerGrads(ref_grads, opt_grads, static_cast<int>(i), opt.name(i), compare, report));
   }
   return Status::Ok();
 }
@@ -984,6 +1018,7 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
     const size_t n = ref.size();
     if (n >= 2 && !ref_eval.outputs[n - 2].empty()) triage.logits = ref_eval.outputs[n - 2][0];
     triage.model_loss = ref_eval.loss;
+    triage.optimized_loss = report.optimized_loss();
     if (options.progress) options.progress("data and objective stages");
     triage.parameter_grads = &ref_run.parameter_grads;
     *report.add_stages() = internal::RunDataStage(triage);

@@ -31,8 +31,12 @@ std::string Numerics(const v1::ReplayReport& r) {
   const v1::BisectReport& b = r.bisect();
   const v1::LayerComparison* first = FirstDivergentEntry(r);
   if (r.first_divergent_source() == v1::BISECT || first == nullptr) {
-    return kNumerics + b.strategy() + " names first bad layer " + layer + " in " +
-           std::to_string(b.probes()) + " composite runs";
+    // The backward bisect names it when the forward one found nothing (Diagnose).
+    const bool backward = r.first_divergent_phase() == v1::BACKWARD;
+    const v1::BisectReport& named = backward ? r.backward_bisect() : b;
+    return std::string(kNumerics) + (backward ? "backward " : "") + named.strategy() +
+           " names first bad layer " + layer + " in " + std::to_string(named.probes()) +
+           " composite runs";
   }
   std::string text =
       kNumerics + std::string("first divergent layer ") + layer + " (" +

@@ -118,6 +118,7 @@ Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
       }
       seq.set_attention_mask(mask_bytes(lb.attention_mask, b));
       seq.set_loss_mask(mask_bytes(lb.loss_mask, b));
+      seq.set_response_mask(mask_bytes(lb.response_mask, b));
       seq.set_token_count(ids.size(1));
       if (b < (int64_t)snap.batch.raw_text.size()) {
         // A raw sample is bytes: a byte-level tokenizer's window may cut a character in two.
@@ -169,11 +170,9 @@ Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
   obj.set_ignore_index(loss.ignore_index);
 
   const std::pair<const char*, const at::Tensor*> batch_tensors[] = {
-      {"input_ids", &lb.input_ids},
-      {"inputs", &lb.inputs},
-      {"labels", &lb.labels},
-      {"attention_mask", &lb.attention_mask},
-      {"loss_mask", &lb.loss_mask}};
+      {"input_ids", &lb.input_ids}, {"inputs", &lb.inputs},
+      {"labels", &lb.labels},       {"attention_mask", &lb.attention_mask},
+      {"loss_mask", &lb.loss_mask}, {"response_mask", &lb.response_mask}};
   for (const auto& [name, t] : batch_tensors) {
     if (!t->defined()) continue;
     CAPSULE_RETURN_IF_ERROR(Embed(name, *t, v1::BATCH_INPUT, "", c));
@@ -429,6 +428,7 @@ Status FillModel(const ProbeResult* rerun, const CaptureContext& context,
   LayerSequence& seq = model.Path(context.path);
   v1::ModelSpec& ms = *c.mutable_model();
   ms.set_registry_name(spec.registry_name);
+  for (const std::string& pattern : options.declared_frozen) ms.add_declared_frozen(pattern);
   ms.set_config_json(spec.config_json);
   ms.set_trainer_path(static_cast<v1::ExecutionPath>(context.path));
   for (size_t i = 0; i < seq.size(); ++i) ms.add_layers(seq.name(i));

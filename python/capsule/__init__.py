@@ -386,7 +386,8 @@ class Monitor:
     max_weight_bytes, weights_checkpoint, history_length, log_lines, trigger_non_finite_loss,
     trigger_non_finite_grad, trigger_loss_spike, trigger_grad_norm_spike, loss_spike and
     grad_norm_spike (dicts of window, warmup, mads, min_ratio, detrend, min_rise, max_rise: see
-    ``spike_threshold``), rerun, background_write,
+    ``spike_threshold``), rerun, declared_frozen (the names or glob patterns of the parameters
+    meant to stay frozen), background_write,
     background_queue_depth, rank, world_size, local_rank, device, annotations, log_sink. An
     unknown option is refused."""
 
@@ -439,6 +440,10 @@ class Monitor:
         self._m.add_event(step, kind, detail)
 
     def step(self, step, batch, cursor=None, raw_text=(), sample_ids=(), tokens_seen=0):
+        """The context of one training step. ``batch`` is a dict of the step's tensors, as
+        ``LayerBatch`` (model/layer_sequence.h): ``input_ids`` or ``inputs``, ``labels``, and
+        optionally ``attention_mask``, ``loss_mask``, ``response_mask`` (1 on the response
+        tokens the loss should cover, 0 on a prompt's) and ``labels_shifted`` (default True)."""
         return Step(self, step, batch, dict(cursor or {}), list(raw_text), list(sample_ids),
                     tokens_seen)
 

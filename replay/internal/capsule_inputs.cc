@@ -31,11 +31,10 @@ const v1::TensorBlob* FindTensor(const v1::Capsule& c, const std::string& name) 
 StatusOr<LayerBatch> LoadBatchTensors(const v1::Capsule& c) {
   LayerBatch b;
   b.labels_shifted = c.data().labels_shifted();
-  const std::pair<const char*, at::Tensor*> tensors[] = {{"input_ids", &b.input_ids},
-                                                         {"inputs", &b.inputs},
-                                                         {"labels", &b.labels},
-                                                         {"attention_mask", &b.attention_mask},
-                                                         {"loss_mask", &b.loss_mask}};
+  const std::pair<const char*, at::Tensor*> tensors[] = {
+      {"input_ids", &b.input_ids}, {"inputs", &b.inputs},
+      {"labels", &b.labels},       {"attention_mask", &b.attention_mask},
+      {"loss_mask", &b.loss_mask}, {"response_mask", &b.response_mask}};
   for (const auto& [name, dst] : tensors) {
     if (const v1::TensorBlob* t = FindTensor(c, name)) {
       CAPSULE_ASSIGN_OR_RETURN(*dst, TensorFromBlob(*t));

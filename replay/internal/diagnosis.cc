@@ -35,8 +35,16 @@ void Diagnose(v1::ReplayReport& report) {
     numerics = report.add_stages();
     numerics->set_stage(v1::STAGE_NUMERICS);
   }
-  numerics->set_ran(report.layers_size() > 0 || report.has_bisect());
-  const bool bisect_bad = report.has_bisect() && !report.bisect().first_bad_layer().empty();
+  numerics->set_ran(report.layers_size() > 0 || report.has_bisect() ||
+                    report.has_backward_bisect());
+  // The composite runs' verdict: the forward bisect's, else the backward bisect's (a block that
+  // only the optimized path's backward gets wrong, such as a detach(), leaves the forward exact).
+  const v1::BisectReport* bisect =
+      report.has_bisect() && !report.bisect().first_bad_layer().empty() ? &report.bisect()
+      : report.has_backward_bisect() && !report.backward_bisect().first_bad_layer().empty()
+          ? &report.backward_bisect()
+          : nullptr;
+  const bool bisect_bad = bisect != nullptr;
   numerics->set_explains(first != nullptr || bisect_bad);
   numerics->clear_findings();
   v1::Finding& f = *numerics->add_findings();
@@ -44,10 +52,11 @@ void Diagnose(v1::ReplayReport& report) {
   f.set_failed(numerics->explains());
   f.set_detail(first != nullptr ? "the optimized path diverges from the FP64 reference at " +
                                       first->name() + " (" + v1::Phase_Name(first->phase()) + ")"
-               : bisect_bad ? "composite runs diverge from layer " +
-                                  report.bisect().first_bad_layer() + " on (bisect)"
-                            : "the optimized path agrees with the FP64 reference on every "
-                              "compared layer");
+               : bisect_bad
+                   ? "composite runs diverge from layer " + bisect->first_bad_layer() + " on (" +
+                         (bisect == &report.bisect() ? "" : "backward ") + "bisect)"
+                   : "the optimized path agrees with the FP64 reference on every "
+                     "compared layer");
   // The first earlier stage with a failed finding explains the trigger, unless the failure did
   // not reproduce at all (then nothing in this batch explains it).
   const v1::StageReport* earlier = nullptr;
@@ -71,11 +80,11 @@ void Diagnose(v1::ReplayReport& report) {
     report.set_diagnosis(v1::DATA_OR_MODEL);
   } else if (first != nullptr) {
     report.set_diagnosis(v1::NUMERICS);
-  } else if (report.has_bisect() && !report.bisect().first_bad_layer().empty()) {
+  } else if (bisect_bad) {
     // Layerwise comparison was off or passed, but composite runs still diverge.
     report.set_diagnosis(v1::NUMERICS);
-    report.set_first_divergent_layer(report.bisect().first_bad_layer());
-    report.set_first_divergent_phase(v1::FORWARD);
+    report.set_first_divergent_layer(bisect->first_bad_layer());
+    report.set_first_divergent_phase(bisect == &report.bisect() ? v1::FORWARD : v1::BACKWARD);
     report.set_first_divergent_source(v1::BISECT);
   } else {
     report.set_diagnosis(v1::NO_DIVERGENCE);

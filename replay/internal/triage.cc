@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,6 +41,8 @@ struct Tokens {
   at::Tensor oov;       // [B, T'] a label outside [0, V) that is not -100
   at::Tensor any;       // [B, T'] label != -100, ignoring the loss mask
   at::Tensor padded;    // [B, T'] the predicting position is padding (attention_mask == 0)
+  at::Tensor prompt;    // [B, T'] the target is a prompt token (response_mask == 0); undefined
+                        // when the batch declares no response mask
   int64_t vocab = 0;
 };
 
@@ -49,17 +52,20 @@ Tokens Align(const TriageInput& in, bool shifted) {
   at::Tensor labels = b.labels;
   at::Tensor mask = b.loss_mask;
   at::Tensor attention = b.attention_mask;
+  at::Tensor response = b.response_mask;
   if (!shifted) {
     const int64_t t = scores.size(1);
     scores = scores.slice(1, 0, t - 1);
     labels = labels.slice(1, 1, t);
     if (mask.defined()) mask = mask.slice(1, 1, t);
+    if (response.defined()) response = response.slice(1, 1, t);
     if (attention.defined()) attention = attention.slice(1, 0, t - 1);
   }
   Tokens out;
   out.padded = attention.defined() && attention.sizes() == labels.sizes()
                    ? attention.eq(0)
                    : at::zeros(labels.sizes(), labels.options().dtype(at::kBool));
+  if (response.defined() && response.sizes() == labels.sizes()) out.prompt = response.eq(0);
   out.vocab = scores.size(2);
   const at::Tensor has_target = labels.ne(-100);
   out.oov = has_target.logical_and(labels.lt(0).logical_or(labels.ge(out.vocab)));
@@ -119,72 +125,99 @@ bool StartStage(v1::Stage stage, const TriageInput& in, v1::StageReport* r) {
   return why.empty();
 }
 
-}  // namespace
-
-v1::StageReport RunDataStage(const TriageInput& in) {
-  v1::StageReport r;
-  if (!StartStage(v1::STAGE_DATA, in, &r)) return r;
-  Tokens t = Align(in, in.batch->labels_shifted);
-  // The data stage judges the real tokens: targets predicted from padding are the objective's
-  // business (objective.padding_in_loss).
-  t.valid = t.valid.logical_and(t.padded.logical_not());
-  t.loss = t.loss * t.valid.to(at::kDouble);
-  const double log_v = std::log(static_cast<double>(t.vocab));
-  const int64_t batch = t.loss.size(0);
-  const at::Tensor high = t.valid.logical_and(t.loss.ge(log_v));
-  std::vector<int64_t> n(batch), oov(batch);
-  std::vector<double> mean(batch), frac(batch);
+// Per-sample counts of the data stage over its real target tokens.
+struct SampleStats {
+  std::vector<int64_t> n, oov;     // target tokens; labels outside the vocabulary
+  std::vector<double> mean, frac;  // mean token loss; fraction of tokens at or above log V
   int64_t total = 0;
+  double log_v = 0;
+};
+
+SampleStats CountSamples(const Tokens& t) {
+  SampleStats s;
+  s.log_v = std::log(static_cast<double>(t.vocab));
+  const int64_t batch = t.loss.size(0);
+  const at::Tensor high = t.valid.logical_and(t.loss.ge(s.log_v));
+  s.n.resize(batch);
+  s.oov.resize(batch);
+  s.mean.resize(batch);
+  s.frac.resize(batch);
   for (int64_t b = 0; b < batch; ++b) {
-    n[b] = t.valid[b].sum().item<int64_t>();
-    oov[b] = t.oov[b].sum().item<int64_t>();
-    mean[b] = n[b] > 0 ? t.loss[b].sum().item<double>() / static_cast<double>(n[b])
-                       : std::numeric_limits<double>::quiet_NaN();
-    frac[b] = n[b] > 0
-                  ? static_cast<double>(high[b].sum().item<int64_t>()) / static_cast<double>(n[b])
-                  : 0;
-    total += n[b];
+    const int64_t n = t.valid[b].sum().item<int64_t>();
+    s.n[b] = n;
+    s.oov[b] = t.oov[b].sum().item<int64_t>();
+    s.mean[b] = n > 0 ? t.loss[b].sum().item<double>() / static_cast<double>(n)
+                      : std::numeric_limits<double>::quiet_NaN();
+    s.frac[b] =
+        n > 0 ? static_cast<double>(high[b].sum().item<int64_t>()) / static_cast<double>(n) : 0;
+    s.total += n;
   }
-  for (int64_t b = 0; b < batch; ++b) {
-    if (oov[b] == 0) continue;
+  return s;
+}
+
+void CheckOutOfVocab(const TriageInput& in, const SampleStats& s, int64_t vocab,
+                     v1::StageReport& r) {
+  for (size_t b = 0; b < s.oov.size(); ++b) {
+    if (s.oov[b] == 0) continue;
     v1::Finding& f =
-        AddFinding(r, "data.label_out_of_vocab", true, static_cast<double>(oov[b]), 0, "");
-    f.set_detail(NameSample(in, b, f) + " has " + std::to_string(oov[b]) +
-                 " labels outside the vocabulary of " + std::to_string(t.vocab) +
+        AddFinding(r, "data.label_out_of_vocab", true, static_cast<double>(s.oov[b]), 0, "");
+    f.set_detail(NameSample(in, static_cast<int64_t>(b), f) + " has " + std::to_string(s.oov[b]) +
+                 " labels outside the vocabulary of " + std::to_string(vocab) +
                  " (not -100): a tokenizer or vocabulary mismatch");
   }
-  for (int64_t b = 0; total > 0 && b < batch; ++b) {
-    if (n[b] != 0 || oov[b] != 0) continue;
-    v1::Finding& f = AddFinding(r, "data.empty_sample", true, 0, 1, "");
-    f.set_detail(NameSample(in, b, f) +
+}
+
+// The reduction the trainer declares (TOKEN_MEAN when it declares none).
+v1::LossReduction DeclaredReduction(const TriageInput& in) {
+  const v1::LossReduction d =
+      in.capsule != nullptr ? in.capsule->objective().reduction() : v1::LOSS_REDUCTION_UNSPECIFIED;
+  return d == v1::LOSS_REDUCTION_UNSPECIFIED ? v1::TOKEN_MEAN : d;
+}
+
+// A sample without a target token is bad data only for a per-sequence mean (0/0); a token mean
+// or sum over the batch gives it no weight at all, so it is a note (all-padding filler).
+void CheckEmptySamples(const TriageInput& in, const SampleStats& s, v1::StageReport& r) {
+  const bool per_sequence = DeclaredReduction(in) == v1::SEQUENCE_MEAN;
+  for (size_t b = 0; s.total > 0 && b < s.n.size(); ++b) {
+    if (s.n[b] != 0 || s.oov[b] != 0) continue;
+    v1::Finding& f = AddFinding(r, "data.empty_sample", per_sequence, 0, 1, "");
+    f.set_detail(NameSample(in, static_cast<int64_t>(b), f) +
                  " has no target token: every label is -100 or masked (an empty or all-padding "
-                 "sample; a per-sequence mean of it is 0/0)");
+                 "sample; " +
+                 (per_sequence ? std::string("the declared per-sequence mean of it is 0/0)")
+                               : std::string("the declared token reduction gives it no weight, "
+                                             "so it does not change the loss)")));
   }
+}
+
+// Bad and hard samples against the others' median, and the batch's largest excess (a note).
+void CheckPerSampleLoss(const TriageInput& in, const SampleStats& s, v1::StageReport& r) {
+  const int64_t batch = static_cast<int64_t>(s.n.size());
   double worst_excess = -std::numeric_limits<double>::infinity();
   int64_t worst = -1;
   for (int64_t b = 0; b < batch; ++b) {
-    if (n[b] == 0) continue;
+    if (s.n[b] == 0) continue;
     std::vector<double> others;
     for (int64_t o = 0; o < batch; ++o) {
-      if (o != b && n[o] > 0) others.push_back(mean[o]);
+      if (o != b && s.n[o] > 0) others.push_back(s.mean[o]);
     }
     if (others.empty()) continue;
     const double median = Median(others);
-    const double excess = mean[b] - median;
+    const double excess = s.mean[b] - median;
     if (excess > worst_excess) {
       worst_excess = excess;
       worst = b;
     }
     if (excess < kBadSampleExcessNats) continue;
-    const bool uniform = frac[b] >= kBadSampleUniformFraction;
-    const bool learned = median <= kLearnedFractionOfLogV * log_v;
+    const bool uniform = s.frac[b] >= kBadSampleUniformFraction;
+    const bool learned = median <= kLearnedFractionOfLogV * s.log_v;
     const bool bad = uniform && learned;
-    v1::Finding& f = AddFinding(r, bad ? "data.bad_sample" : "data.hard_sample", bad, frac[b],
+    v1::Finding& f = AddFinding(r, bad ? "data.bad_sample" : "data.hard_sample", bad, s.frac[b],
                                 kBadSampleUniformFraction, "");
-    const std::string numbers = "mean token loss " + Num(mean[b]) + " over " +
-                                std::to_string(n[b]) + " tokens against a median of " +
-                                Num(median) + " for the other samples; " + Num(100 * frac[b]) +
-                                "% of its tokens at or above log V = " + Num(log_v);
+    const std::string numbers = "mean token loss " + Num(s.mean[b]) + " over " +
+                                std::to_string(s.n[b]) + " tokens against a median of " +
+                                Num(median) + " for the other samples; " + Num(100 * s.frac[b]) +
+                                "% of its tokens at or above log V = " + Num(s.log_v);
     f.set_detail(NameSample(in, b, f) + (bad ? " is bad data: " : " is a hard sample: ") + numbers +
                  (bad ? " (the model finds them no better than random, while it has learned the "
                         "rest: labels that look random, a corrupt or mismatched sample)"
@@ -193,246 +226,428 @@ v1::StageReport RunDataStage(const TriageInput& in) {
                                  : " (the model has not learned the batch yet: "
                                    "cannot tell bad from hard)")));
   }
-  if (worst >= 0) {
-    v1::Finding& f =
-        AddFinding(r, "data.per_sample_loss", false, worst_excess, kBadSampleExcessNats, "");
-    f.set_detail(std::to_string(batch) + " samples, " + std::to_string(total) +
-                 " target tokens; the largest excess over the other samples' median is " +
-                 Num(worst_excess) + " nats (" + NameSample(in, worst, f) + ", " +
-                 Num(100 * frac[worst]) + "% of its tokens at or above log V = " + Num(log_v) +
-                 "); a bad sample needs " + Num(kBadSampleExcessNats) + " nats and " +
-                 Num(100 * kBadSampleUniformFraction) + "%");
-  }
-  return r;
+  if (worst < 0) return;
+  v1::Finding& f =
+      AddFinding(r, "data.per_sample_loss", false, worst_excess, kBadSampleExcessNats, "");
+  f.set_detail(std::to_string(batch) + " samples, " + std::to_string(s.total) +
+               " target tokens; the largest excess over the other samples' median is " +
+               Num(worst_excess) + " nats (" + NameSample(in, worst, f) + ", " +
+               Num(100 * s.frac[worst]) + "% of its tokens at or above log V = " + Num(s.log_v) +
+               "); a bad sample needs " + Num(kBadSampleExcessNats) + " nats and " +
+               Num(100 * kBadSampleUniformFraction) + "%");
 }
 
-v1::StageReport RunObjectiveStage(const TriageInput& in) {
-  v1::StageReport r;
-  if (!StartStage(v1::STAGE_OBJECTIVE, in, &r)) return r;
-  const bool shifted = in.batch->labels_shifted;
-  const Tokens t = Align(in, shifted);
-  const at::Tensor valid_loss = t.loss.masked_select(t.valid);
-  if (!valid_loss.isfinite().all().item<bool>()) {
-    r.set_skipped_reason(
-        "the reference path's logits are not finite at the targets: the loss cannot be judged");
-    r.set_ran(false);
-    return r;
+// The positions of `labels` [B, T] that are in the loss: a label that is not -100, with its loss
+// mask set, on a real (not padded) position.
+at::Tensor InLoss(const LayerBatch& b) {
+  at::Tensor in = b.labels.ne(-100).logical_and(b.labels.ge(0));
+  if (b.loss_mask.defined() && b.loss_mask.sizes() == b.labels.sizes()) {
+    in = in.logical_and(b.loss_mask.ne(0));
   }
-  // Labels against the inputs: declared shifted, labels[i] is the token after input i, so it
-  // rarely equals input i; declared unshifted, labels[i] is input i, so the token after it rarely
-  // equals labels[i].
+  if (b.attention_mask.defined() && b.attention_mask.sizes() == b.labels.sizes()) {
+    in = in.logical_and(b.attention_mask.ne(0));
+  }
+  return in;
+}
+
+// The fraction of the positions in the loss whose label equals the input `offset` positions
+// later (labels[i] == input_ids[i + offset], on a real input). Every position in the loss
+// counts, those without an input at that offset as different: a far offset on a short batch
+// cannot match by the chance of its few positions. NaN when no position is in the loss.
+double FractionEqualAt(const LayerBatch& b, const at::Tensor& in_loss, int64_t offset) {
+  const int64_t len = b.labels.size(1);
+  const double n = in_loss.sum().item<double>();
+  if (n == 0) return std::numeric_limits<double>::quiet_NaN();
+  if (std::abs(offset) >= len) return 0;
+  const int64_t lo = std::max<int64_t>(0, -offset), hi = std::min(len, len - offset);
+  const at::Tensor labels = b.labels.slice(1, lo, hi);
+  const at::Tensor inputs = b.input_ids.slice(1, lo + offset, hi + offset);
+  at::Tensor where = in_loss.slice(1, lo, hi);
+  if (b.attention_mask.defined() && b.attention_mask.sizes() == b.labels.sizes()) {
+    where = where.logical_and(b.attention_mask.slice(1, lo + offset, hi + offset).ne(0));
+  }
+  return labels.eq(inputs).logical_and(where).sum().item<double>() / n;
+}
+
+// Labels against the inputs at every offset within kMaxLabelShift of the declared one (1 when
+// declared shifted: labels[i] is input i + 1; 0 when not): clean text matches the declared offset
+// and a few percent elsewhere; labels shifted by the wrong amount match another offset.
+void CheckLabelShift(const TriageInput& in, v1::StageReport& r) {
   const LayerBatch& b = *in.batch;
-  if (b.input_ids.defined() && b.input_ids.sizes() == b.labels.sizes()) {
-    const int64_t len = b.labels.size(1);
-    const at::Tensor same = shifted ? b.labels.eq(b.input_ids)
-                                    : b.labels.slice(1, 1, len).eq(b.input_ids.slice(1, 1, len));
-    const at::Tensor with_target = shifted ? b.labels.ne(-100) : t.valid;
-    const double n = with_target.sum().item<double>();
-    if (n > 0) {
-      const double fraction = same.logical_and(with_target).sum().item<double>() / n;
-      const bool failed = fraction >= kLabelsEqualInputsFraction;
-      AddFinding(r, "objective.labels_equal_inputs", failed, fraction, kLabelsEqualInputsFraction,
-                 Num(100 * fraction) + "% of the targets equal " +
-                     (shifted ? "the input at their own position" : "the input after them") +
-                     (failed ? std::string(": the labels were not shifted by one (the model "
-                                           "learns to copy its input), though the batch "
-                                           "declares labels_shifted = ") +
-                                   (shifted ? "true" : "false")
-                             : std::string(" (a shifted copy would make it about 100%)")));
-    }
+  if (!b.input_ids.defined() || b.input_ids.sizes() != b.labels.sizes()) return;
+  const at::Tensor in_loss = InLoss(b);
+  const int64_t declared = b.labels_shifted ? 1 : 0;
+  const double at_declared = FractionEqualAt(b, in_loss, declared);
+  int64_t best = declared;
+  double best_fraction = -1;
+  for (int64_t o = declared - kMaxLabelShift; o <= declared + kMaxLabelShift; ++o) {
+    const double f = FractionEqualAt(b, in_loss, o);
+    if (o == declared || !(f > best_fraction)) continue;
+    best = o;
+    best_fraction = f;
   }
-  // Padding that carries a target: the loss learns to predict from pad positions.
-  if (b.attention_mask.defined()) {
-    const double n_valid = t.valid.sum().item<double>();
-    const double n_pad = t.valid.logical_and(t.padded).sum().item<double>();
-    AddFinding(r, "objective.padding_in_loss", n_pad > 0, n_pad, 0,
-               n_pad > 0 ? Num(n_pad) + " of the " + Num(n_valid) +
-                               " target tokens are predicted from padding (attention_mask 0): "
-                               "padding is counted in the loss; its labels should be -100 or "
-                               "its loss mask 0"
-                         : "no target token is predicted from padding");
-  }
-  const bool labels_explain = r.explains();
-  const double numerator = t.loss.sum().item<double>();
-  const double denominator = t.valid.sum().item<double>();
-  if (denominator == 0) {
-    r.set_skipped_reason("the batch has no target token");
-    r.set_ran(false);
-    return r;
-  }
-  // Per-sequence and per-micro-batch sums and counts.
-  const at::Tensor seq_sum = t.loss.sum(1);
-  const at::Tensor seq_n = t.valid.sum(1).to(at::kDouble);
-  double seq_mean_sum = 0;
+  if (best_fraction < 0) return;  // no position in the loss
+  const bool failed = best_fraction >= kLabelsEqualInputsFraction &&
+                      !(at_declared >= best_fraction);  // a periodic sequence matches both
+  v1::Finding& f = AddFinding(r, "objective.labels_equal_inputs", failed, best_fraction,
+                              kLabelsEqualInputsFraction, "");
+  f.set_label_offset(static_cast<int32_t>(best));
+  const std::string offset = "labels[i] = input[i" + std::string(best < 0 ? " - " : " + ") +
+                             std::to_string(std::abs(best)) + "]";
+  const std::string declared_text =
+      std::string("the batch declares labels_shifted = ") +
+      (b.labels_shifted ? "true (labels[i] = input[i + 1])" : "false (labels[i] = input[i])");
+  f.set_detail(
+      failed ? Num(100 * best_fraction) + "% of the targets in the loss satisfy " + offset +
+                   ", against " + Num(100 * at_declared) + "% at the declared offset: the labels " +
+                   "are shifted by " + std::to_string(best) + ", but " + declared_text
+             : "at most " + Num(100 * best_fraction) + "% of the targets in the loss equal the " +
+                   "input at an offset other than the declared one (" + offset + "; offsets " +
+                   std::to_string(declared - kMaxLabelShift) + " to " +
+                   std::to_string(declared + kMaxLabelShift) + " tried); " + declared_text);
+}
+
+// Padding that carries a target: the loss learns to predict from pad positions.
+void CheckPaddingInLoss(const TriageInput& in, const Tokens& t, v1::StageReport& r) {
+  if (!in.batch->attention_mask.defined()) return;
+  const double n_valid = t.valid.sum().item<double>();
+  const double n_pad = t.valid.logical_and(t.padded).sum().item<double>();
+  AddFinding(r, "objective.padding_in_loss", n_pad > 0, n_pad, 0,
+             n_pad > 0 ? Num(n_pad) + " of the " + Num(n_valid) +
+                             " target tokens are predicted from padding (attention_mask 0): "
+                             "padding is counted in the loss; its labels should be -100 or "
+                             "its loss mask 0"
+                       : "no target token is predicted from padding");
+}
+
+// With a declared response mask, a target on a prompt token: the loss trains on the prompt.
+void CheckPromptInLoss(const Tokens& t, v1::StageReport& r) {
+  if (!t.prompt.defined()) return;
+  const double n_valid = t.valid.sum().item<double>();
+  const double n_prompt = t.valid.logical_and(t.prompt).sum().item<double>();
+  AddFinding(r, "objective.prompt_in_loss", n_prompt > 0, n_prompt, 0,
+             n_prompt > 0 ? Num(n_prompt) + " of the " + Num(n_valid) +
+                                " target tokens are prompt tokens (response_mask 0): the loss "
+                                "covers the prompt; their labels should be -100 or their loss "
+                                "mask 0"
+                          : "no target token is a prompt token (response_mask 0)");
+}
+
+double RelErr(double a, double b) {
+  return std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-300});
+}
+
+// The hand-written reductions of the batch's FP64 token losses.
+struct Reduced {
+  double numerator = 0, denominator = 0, token_mean = 0, sequence_mean = 0;
   int seq_count = 0;
-  for (int64_t s = 0; s < seq_sum.size(0); ++s) {
-    const double nb = seq_n[s].item<double>();
+  at::Tensor seq_sum, seq_n;  // per sequence
+  v1::LossReduction declared = v1::LOSS_REDUCTION_UNSPECIFIED;
+  double hand = 0;  // the declared one
+  std::string hand_name;
+};
+
+Reduced Reduce(const TriageInput& in, const Tokens& t) {
+  Reduced d;
+  d.numerator = t.loss.sum().item<double>();
+  d.denominator = t.valid.sum().item<double>();
+  d.seq_sum = t.loss.sum(1);
+  d.seq_n = t.valid.sum(1).to(at::kDouble);
+  double seq_mean_sum = 0;
+  for (int64_t s = 0; s < d.seq_sum.size(0); ++s) {
+    const double nb = d.seq_n[s].item<double>();
     if (nb == 0) continue;
-    seq_mean_sum += seq_sum[s].item<double>() / nb;
-    ++seq_count;
+    seq_mean_sum += d.seq_sum[s].item<double>() / nb;
+    ++d.seq_count;
   }
-  const double token_mean = numerator / denominator;
-  const double sequence_mean = seq_count > 0 ? seq_mean_sum / seq_count : token_mean;
-  const v1::Objective* declared_obj = in.capsule != nullptr ? &in.capsule->objective() : nullptr;
-  const v1::LossReduction declared =
-      declared_obj != nullptr ? declared_obj->reduction() : v1::LOSS_REDUCTION_UNSPECIFIED;
-  const double hand = declared == v1::TOKEN_SUM       ? numerator
-                      : declared == v1::SEQUENCE_MEAN ? sequence_mean
-                                                      : token_mean;
-  const std::string hand_name = declared == v1::TOKEN_SUM       ? "token-sum"
-                                : declared == v1::SEQUENCE_MEAN ? "per-sequence-mean"
-                                                                : "token-mean";
+  d.token_mean = d.numerator / d.denominator;
+  d.sequence_mean = d.seq_count > 0 ? seq_mean_sum / d.seq_count : d.token_mean;
+  d.declared =
+      in.capsule != nullptr ? in.capsule->objective().reduction() : v1::LOSS_REDUCTION_UNSPECIFIED;
+  d.hand = d.declared == v1::TOKEN_SUM       ? d.numerator
+           : d.declared == v1::SEQUENCE_MEAN ? d.sequence_mean
+                                             : d.token_mean;
+  d.hand_name = d.declared == v1::TOKEN_SUM       ? "token-sum"
+                : d.declared == v1::SEQUENCE_MEAN ? "per-sequence-mean"
+                                                  : "token-mean";
+  return d;
+}
+
+bool CheckLossMatches(const TriageInput& in, const Reduced& d, v1::StageReport& r) {
   const double model = in.model_loss;
-  auto rel = [](double a, double b) {
-    return std::abs(a - b) / std::max({std::abs(a), std::abs(b), 1e-300});
-  };
-  const double err = rel(model, hand);
+  const double err = RelErr(model, d.hand);
   const bool matches = err <= kLossMatchRelTol;
   AddFinding(r, "objective.loss_matches", !matches, err, kLossMatchRelTol,
              "the model's loss " + FormatSignificant(model, 9) +
-                 (matches ? " equals" : " differs from") + " a hand-written FP64 " + hand_name +
-                 " cross-entropy " + FormatSignificant(hand, 9) + " (" +
-                 FormatSignificant(numerator, 9) + " over " +
-                 std::to_string(static_cast<int64_t>(denominator)) +
+                 (matches ? " equals" : " differs from") + " a hand-written FP64 " + d.hand_name +
+                 " cross-entropy " + FormatSignificant(d.hand, 9) + " (" +
+                 FormatSignificant(d.numerator, 9) + " over " +
+                 std::to_string(static_cast<int64_t>(d.denominator)) +
                  " target tokens; relative error " + FormatSignificant(err, 3) +
-                 (declared == v1::LOSS_REDUCTION_UNSPECIFIED
+                 (d.declared == v1::LOSS_REDUCTION_UNSPECIFIED
                       ? "; the trainer declared no reduction, read as a token mean)"
                       : ")"));
-  // The normaliser the trainer declares against the step's target tokens (on this rank alone:
-  // a normaliser over ranks cannot be counted here).
-  if (declared_obj != nullptr && declared_obj->normalizer() > 0 && declared_obj->ranks() <= 1 &&
-      (declared == v1::TOKEN_MEAN || declared == v1::LOSS_REDUCTION_UNSPECIFIED)) {
-    const double n = declared_obj->normalizer();
-    const bool wrong = std::abs(n - denominator) > 0.5;
-    AddFinding(r, "objective.normalizer", wrong, n, denominator,
-               "the trainer divides by " + Num(n) + (wrong ? ", but" : ", and") + " the step has " +
-                   std::to_string(static_cast<int64_t>(denominator)) + " target tokens" +
-                   (wrong ? ": the normaliser counts something else (padding, a stale or "
-                            "nominal batch size)"
-                          : ""));
-  }
-  // An accumulated step: the trainer's loss over every micro-batch against the declared
-  // reduction. It is computed in the trainer's precision, so the tolerance is FP32's; a mismatch
-  // counts only when a known normalisation explains it (the numerics stage may explain the rest).
-  if (in.capsule != nullptr && in.capsule->data().micro_batches() > 1 &&
-      in.capsule->data().sequences_size() == seq_sum.size(0)) {
-    std::optional<double> trainer;
-    for (const auto& h : in.capsule->step().history()) {
-      if (h.step() == in.capsule->step().global_step() && h.has_loss()) trainer = h.loss();
-    }
-    const int k = in.capsule->data().micro_batches();
-    std::vector<double> mb_sum(k), mb_n(k);
-    for (int64_t s = 0; s < seq_sum.size(0); ++s) {
-      const int m = in.capsule->data().sequences(static_cast<int>(s)).micro_batch();
-      mb_sum[m] += seq_sum[s].item<double>();
-      mb_n[m] += seq_n[s].item<double>();
-    }
-    double mean_of_means = 0;
-    for (int m = 0; m < k; ++m) mean_of_means += mb_n[m] > 0 ? mb_sum[m] / mb_n[m] / k : 0;
-    if (trainer && std::isfinite(*trainer)) {
-      const double e = rel(*trainer, hand);
-      const bool ok = e <= kTrainerLossRelTol;
-      const double e_means = rel(*trainer, mean_of_means);
-      const bool means = !ok && e_means <= kTrainerLossRelTol;
-      AddFinding(
-          r, means ? "objective.accumulation_mean_of_means" : "objective.trainer_loss", means,
-          means ? e_means : e, kTrainerLossRelTol,
-          "the trainer's loss over " + std::to_string(k) + " micro-batches is " +
-              FormatSignificant(*trainer, 9) +
-              (ok      ? ", the declared " + hand_name + " " + FormatSignificant(hand, 9)
-               : means ? ", the mean of the micro-batches' token means (" +
-                             FormatSignificant(mean_of_means, 9) + "), not the step's token mean " +
-                             FormatSignificant(hand, 9) +
-                             ": each micro-batch was divided by the number of "
-                             "micro-batches instead of the step's target tokens, so "
-                             "tokens in short micro-batches weigh more"
-                       : ", not the declared " + hand_name + " " + FormatSignificant(hand, 9) +
-                             " (relative error " + FormatSignificant(e, 3) +
-                             ") nor the mean of micro-batch means"));
-    }
-  }
-  if (matches || labels_explain) return r;
+  return matches;
+}
 
-  // What the model computed instead: the variants whose value it equals.
+// The normaliser the trainer declares against the step's target tokens (on this rank alone:
+// a normaliser over ranks cannot be counted here).
+void CheckNormalizer(const TriageInput& in, const Reduced& d, v1::StageReport& r) {
+  if (in.capsule == nullptr) return;
+  const v1::Objective& obj = in.capsule->objective();
+  if (obj.normalizer() <= 0 || obj.ranks() > 1 ||
+      (d.declared != v1::TOKEN_MEAN && d.declared != v1::LOSS_REDUCTION_UNSPECIFIED)) {
+    return;
+  }
+  const double n = obj.normalizer();
+  const bool wrong = std::abs(n - d.denominator) > 0.5;
+  AddFinding(r, "objective.normalizer", wrong, n, d.denominator,
+             "the trainer divides by " + Num(n) + (wrong ? ", but" : ", and") + " the step has " +
+                 std::to_string(static_cast<int64_t>(d.denominator)) + " target tokens" +
+                 (wrong ? ": the normaliser counts something else (padding, a stale or "
+                          "nominal batch size)"
+                        : ""));
+}
+
+// How far the trainer's loss of an accumulated step may be from the FP64 declared reduction:
+// kTrainerLossRelTol, or kTrainerLossPrecisionFactor times the distance the trainer's path keeps
+// from the reference on the same batch, when that is larger (a lower-precision model).
+double TrainerLossTolerance(const TriageInput& in) {
+  const double path = RelErr(in.optimized_loss, in.model_loss);
+  return std::isfinite(path) ? std::max(kTrainerLossRelTol, kTrainerLossPrecisionFactor * path)
+                             : kTrainerLossRelTol;
+}
+
+// An accumulated step: the trainer's loss over every micro-batch against the declared reduction.
+// A mismatch fails: the trainer optimized another objective than the one it declares. The
+// variants that name it: each micro-batch's token mean averaged over the micro-batches (short
+// micro-batches weigh more), and the declared loss times the number of micro-batches (the
+// accumulated loss not divided by it).
+void CheckTrainerLoss(const TriageInput& in, const Reduced& d, v1::StageReport& r) {
+  if (in.capsule == nullptr || in.capsule->data().micro_batches() <= 1 ||
+      in.capsule->data().sequences_size() != d.seq_sum.size(0)) {
+    return;
+  }
+  std::optional<double> trainer;
+  for (const auto& h : in.capsule->step().history()) {
+    if (h.step() == in.capsule->step().global_step() && h.has_loss()) trainer = h.loss();
+  }
+  if (!trainer || !std::isfinite(*trainer)) return;
+  const int k = in.capsule->data().micro_batches();
+  std::vector<double> mb_sum(k), mb_n(k);
+  for (int64_t s = 0; s < d.seq_sum.size(0); ++s) {
+    const int m = in.capsule->data().sequences(static_cast<int>(s)).micro_batch();
+    mb_sum[m] += d.seq_sum[s].item<double>();
+    mb_n[m] += d.seq_n[s].item<double>();
+  }
+  double mean_of_means = 0;
+  for (int m = 0; m < k; ++m) mean_of_means += mb_n[m] > 0 ? mb_sum[m] / mb_n[m] / k : 0;
+  const double tol = TrainerLossTolerance(in);
+  const double e = RelErr(*trainer, d.hand);
+  const bool ok = e <= tol;
+  const double e_means = RelErr(*trainer, mean_of_means);
+  const double e_sum = RelErr(*trainer, k * d.hand);
+  const bool means = !ok && e_means <= tol;
+  const bool not_divided = !ok && !means && e_sum <= tol;
+  const char* check = means         ? "objective.accumulation_mean_of_means"
+                      : not_divided ? "objective.accumulation_not_divided"
+                                    : "objective.trainer_loss";
+  const std::string head = "the trainer's loss over " + std::to_string(k) + " micro-batches is " +
+                           FormatSignificant(*trainer, 9);
+  const std::string hand = FormatSignificant(d.hand, 9);
+  std::string detail;
+  if (ok) {
+    detail = head + ", the declared " + d.hand_name + " " + hand + " (relative error " +
+             FormatSignificant(e, 3) + ", allowed " + FormatSignificant(tol, 3) + ")";
+  } else if (means) {
+    detail = head + ", the mean of the micro-batches' token means (" +
+             FormatSignificant(mean_of_means, 9) + "), not the step's token mean " + hand +
+             ": each micro-batch was divided by the number of micro-batches instead of the "
+             "step's target tokens, so tokens in short micro-batches weigh more";
+  } else if (not_divided) {
+    detail = head + ", " + std::to_string(k) + " times the declared " + d.hand_name + " " + hand +
+             ": the accumulated micro-batch losses were not divided by the number of "
+             "micro-batches, so the step's gradient is " +
+             std::to_string(k) + " times too large";
+  } else {
+    detail = head + ", not the declared " + d.hand_name + " " + hand + " (relative error " +
+             FormatSignificant(e, 3) + ", allowed " + FormatSignificant(tol, 3) + "; " +
+             FormatSignificant(*trainer / d.hand, 6) +
+             " times it), nor the mean of micro-batch means, nor the declared loss times the " +
+             "micro-batches: the trainer optimizes another objective than it declares";
+  }
+  // A loss averaged over data-parallel ranks need not be this rank's batch's: a mismatch no
+  // variant names is then a note.
+  const bool local = in.capsule->objective().ranks() <= 1;
+  if (!ok && !means && !not_divided && !local) {
+    detail += " (the loss spans " + std::to_string(in.capsule->objective().ranks()) +
+              " ranks: not judged on this rank's batch)";
+  }
+  AddFinding(r, check, !ok && (means || not_divided || local),
+             means         ? e_means
+             : not_divided ? e_sum
+                           : e,
+             tol, detail);
+}
+
+// The model's loss differs from the declared one: the variants whose value it equals.
+void NameLossVariant(const TriageInput& in, const Tokens& t, const Reduced& d, v1::StageReport& r) {
+  const bool shifted = in.batch->labels_shifted;
   struct Variant {
     const char* check;
     double value;
     std::string why;
   };
   std::vector<Variant> variants;
-  if (declared != v1::TOKEN_SUM) {
-    variants.push_back({"objective.reduction_sum", numerator,
-                        "the loss is the token sum, not the declared " + hand_name +
-                            " (it was not divided by the " +
-                            std::to_string(static_cast<int64_t>(denominator)) + " target tokens)"});
+  const std::string targets = std::to_string(static_cast<int64_t>(d.denominator));
+  if (d.declared != v1::TOKEN_SUM) {
+    variants.push_back({"objective.reduction_sum", d.numerator,
+                        "the loss is the token sum, not the declared " + d.hand_name +
+                            " (it was not divided by the " + targets + " target tokens)"});
   }
-  if (declared != v1::SEQUENCE_MEAN && seq_count > 0) {
-    variants.push_back({"objective.reduction_sequence_mean", sequence_mean,
+  if (d.declared != v1::SEQUENCE_MEAN && d.seq_count > 0) {
+    variants.push_back({"objective.reduction_sequence_mean", d.sequence_mean,
                         "the loss is a mean of per-sequence means, not a token mean: long and "
                         "short samples weigh the same"});
   }
-  if (declared == v1::TOKEN_SUM || declared == v1::SEQUENCE_MEAN) {
-    variants.push_back({"objective.reduction_token_mean", token_mean,
-                        "the loss is the token mean, not the declared " + hand_name});
+  if (d.declared == v1::TOKEN_SUM || d.declared == v1::SEQUENCE_MEAN) {
+    variants.push_back({"objective.reduction_token_mean", d.token_mean,
+                        "the loss is the token mean, not the declared " + d.hand_name});
   }
   {
     const Tokens other = Align(in, !shifted);
-    const double d = other.valid.sum().item<double>();
-    if (d > 0) {
+    const double n = other.valid.sum().item<double>();
+    if (n > 0) {
       variants.push_back(
-          {"objective.labels_alignment", other.loss.sum().item<double>() / d,
+          {"objective.labels_alignment", other.loss.sum().item<double>() / n,
            std::string("the labels are aligned as if ") +
                (shifted ? "the model shifted them (labels[i+1] the target of position i)"
                         : "already shifted (labels[i] the target of position i)") +
                ", not as the batch declares: the model predicts the token it is given"});
     }
   }
-  variants.push_back({"objective.masked_positions_counted",
-                      numerator / static_cast<double>(t.valid.numel()),
-                      "the denominator counts every position (" + std::to_string(t.valid.numel()) +
-                          "), padding and ignored ones " + "included, not the " +
-                          std::to_string(static_cast<int64_t>(denominator)) + " target tokens"});
+  variants.push_back(
+      {"objective.masked_positions_counted", d.numerator / static_cast<double>(t.valid.numel()),
+       "the denominator counts every position (" + std::to_string(t.valid.numel()) +
+           "), padding and ignored ones included, not the " + targets + " target tokens"});
   if (in.batch->loss_mask.defined()) {
-    const double d = t.any.sum().item<double>();
-    if (d > 0) {
-      variants.push_back({"objective.loss_mask_ignored", t.unmasked.sum().item<double>() / d,
+    const double n = t.any.sum().item<double>();
+    if (n > 0) {
+      variants.push_back({"objective.loss_mask_ignored", t.unmasked.sum().item<double>() / n,
                           "the loss mask is ignored: masked positions (padding, prompt) are in "
                           "the loss"});
     }
   }
   bool named = false;
   for (const Variant& v : variants) {
-    const double e = rel(model, v.value);
+    const double e = RelErr(in.model_loss, v.value);
     if (e > kLossMatchRelTol) continue;
     AddFinding(r, v.check, true, e, kLossMatchRelTol,
-               v.why + ": the model's loss " + FormatSignificant(model, 9) + " equals it (" +
-                   FormatSignificant(v.value, 9) + ")");
+               v.why + ": the model's loss " + FormatSignificant(in.model_loss, 9) +
+                   " equals it (" + FormatSignificant(v.value, 9) + ")");
     named = true;
   }
   if (!named) {
-    AddFinding(r, "objective.unexplained", true, model / hand, 1,
-               "the model's loss is " + FormatSignificant(model / hand, 6) +
+    AddFinding(r, "objective.unexplained", true, in.model_loss / d.hand, 1,
+               "the model's loss is " + FormatSignificant(in.model_loss / d.hand, 6) +
                    " times the token-mean cross-entropy and matches none of: token sum, "
                    "per-sequence mean, the other label alignment, every position counted, the "
                    "loss mask ignored");
   }
-  return r;
 }
 
-v1::StageReport RunGradientsStage(const TriageInput& in) {
-  v1::StageReport r;
-  r.set_stage(v1::STAGE_GRADIENTS);
-  if (in.parameter_grads == nullptr || in.parameter_grads->empty()) {
-    r.set_skipped_reason("no backward ran on the reference path, or no parameter requires grad");
-    return r;
+// `name` matches a glob `pattern`: `*` any run of characters (dots included), `?` one.
+bool GlobMatch(const std::string& pattern, const std::string& name) {
+  size_t p = 0, n = 0, star = std::string::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = n;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      n = ++resume;
+    } else {
+      return false;
+    }
   }
-  r.set_ran(true);
-  // By layer, in execution order: the parameters without a gradient, and the gradient norm.
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+// What the capsule recorded of one parameter's training: whether it required grad (its embedded
+// tensor or the optimizer step), and the optimizer step's gradient and update norms.
+struct RecordedParameter {
+  std::optional<bool> requires_grad;
+  double grad_norm = 0, update_norm = 0;
+};
+
+std::map<std::string, RecordedParameter> RecordedParameters(const v1::Capsule& c) {
+  std::map<std::string, RecordedParameter> out;
+  for (const v1::TensorBlob& t : c.tensors()) {
+    if (t.role() == v1::PARAMETER) out[t.name()].requires_grad = t.meta().requires_grad();
+  }
+  for (const v1::ParamStep& p : c.optimizer().params()) {
+    RecordedParameter& e = out[p.name()];
+    e.requires_grad = e.requires_grad.value_or(false) || p.requires_grad();
+    e.grad_norm = p.grad_norm();
+    if (c.optimizer().observed_after()) e.update_norm = p.update_norm();
+  }
+  return out;
+}
+
+// The parameters the trainer declared frozen (ModelSpec.declared_frozen): one that requires grad,
+// gets a gradient or is updated is trained after all; a pattern that matches no recorded
+// parameter is a note. Returns whether anything was declared.
+bool CheckDeclaredFrozen(const TriageInput& in, v1::StageReport& r) {
+  if (in.capsule == nullptr || in.capsule->model().declared_frozen_size() == 0) return false;
+  const auto& patterns = in.capsule->model().declared_frozen();
+  const auto recorded = RecordedParameters(*in.capsule);
+  int matched = 0, judged = 0;
+  std::vector<bool> used(patterns.size());
+  for (const auto& [name, p] : recorded) {
+    bool declared = false;
+    for (int i = 0; i < patterns.size(); ++i) {
+      if (!GlobMatch(patterns[i], name)) continue;
+      declared = true;
+      used[i] = true;
+    }
+    if (!declared) continue;
+    ++matched;
+    if (!p.requires_grad) continue;
+    ++judged;
+    const bool trained = *p.requires_grad || p.grad_norm > 0 || p.update_norm > 0;
+    if (!trained) continue;
+    v1::Finding& f = AddFinding(
+        r, "gradients.declared_frozen_trained", true, std::max(p.grad_norm, p.update_norm), 0,
+        "parameter " + name + " is declared frozen but " +
+            (*p.requires_grad ? "requires grad" : "does not require grad") +
+            ", with a gradient norm of " + Num(p.grad_norm) + " and an update norm of " +
+            Num(p.update_norm) + " in the step: it is trained");
+    f.set_parameter(name);
+  }
+  for (int i = 0; i < patterns.size(); ++i) {
+    if (used[i]) continue;
+    AddFinding(r, "gradients.declared_frozen_unmatched", false, 0, 0,
+               "the declared-frozen pattern \"" + PrintableShort(patterns[i], 64) +
+                   "\" matches no parameter the capsule records");
+  }
+  AddFinding(r, "gradients.declared_frozen", false, static_cast<double>(matched), 0,
+             std::to_string(matched) + " recorded parameters are declared frozen (" +
+                 std::to_string(judged) + " with what the capsule records of their training)");
+  return true;
+}
+
+// Parameters that require grad and get no gradient, or an exactly-zero one, by layer in
+// execution order; and the three largest per-layer gradient norms (a note).
+void CheckDisconnected(const std::vector<ParameterGrad>& grads, v1::StageReport& r) {
   std::vector<std::string> layers;
   std::vector<std::vector<std::string>> cut;
   std::vector<int> counts;
   std::vector<double> norms;
-  for (const ParameterGrad& p : *in.parameter_grads) {
+  for (const ParameterGrad& p : grads) {
     size_t i = 0;
     while (i < layers.size() && layers[i] != p.layer) ++i;
     if (i == layers.size()) {
@@ -472,6 +687,66 @@ v1::StageReport RunGradientsStage(const TriageInput& in) {
   }
   AddFinding(r, "gradients.per_layer_norm", false, order.empty() ? 0 : std::sqrt(norms[order[0]]),
              0, "largest per-layer gradient norms (FP64 reference): " + ranked);
+}
+
+}  // namespace
+
+v1::StageReport RunDataStage(const TriageInput& in) {
+  v1::StageReport r;
+  if (!StartStage(v1::STAGE_DATA, in, &r)) return r;
+  Tokens t = Align(in, in.batch->labels_shifted);
+  // The data stage judges the real tokens: targets predicted from padding are the objective's
+  // business (objective.padding_in_loss).
+  t.valid = t.valid.logical_and(t.padded.logical_not());
+  t.loss = t.loss * t.valid.to(at::kDouble);
+  const SampleStats s = CountSamples(t);
+  CheckOutOfVocab(in, s, t.vocab, r);
+  CheckEmptySamples(in, s, r);
+  CheckPerSampleLoss(in, s, r);
+  return r;
+}
+
+v1::StageReport RunObjectiveStage(const TriageInput& in) {
+  v1::StageReport r;
+  if (!StartStage(v1::STAGE_OBJECTIVE, in, &r)) return r;
+  const Tokens t = Align(in, in.batch->labels_shifted);
+  const at::Tensor valid_loss = t.loss.masked_select(t.valid);
+  if (!valid_loss.isfinite().all().item<bool>()) {
+    r.set_skipped_reason(
+        "the reference path's logits are not finite at the targets: the loss cannot be judged");
+    r.set_ran(false);
+    return r;
+  }
+  CheckLabelShift(in, r);
+  CheckPaddingInLoss(in, t, r);
+  CheckPromptInLoss(t, r);
+  const bool labels_explain = r.explains();
+  if (t.valid.sum().item<double>() == 0) {
+    r.set_skipped_reason("the batch has no target token");
+    r.set_ran(false);
+    return r;
+  }
+  const Reduced d = Reduce(in, t);
+  const bool matches = CheckLossMatches(in, d, r);
+  CheckNormalizer(in, d, r);
+  CheckTrainerLoss(in, d, r);
+  if (!matches && !labels_explain) NameLossVariant(in, t, d, r);
+  return r;
+}
+
+v1::StageReport RunGradientsStage(const TriageInput& in) {
+  v1::StageReport r;
+  r.set_stage(v1::STAGE_GRADIENTS);
+  const bool declared = CheckDeclaredFrozen(in, r);
+  if (in.parameter_grads == nullptr || in.parameter_grads->empty()) {
+    if (!declared) {
+      r.set_skipped_reason("no backward ran on the reference path, or no parameter requires grad");
+    }
+    r.set_ran(declared);
+    return r;
+  }
+  r.set_ran(true);
+  CheckDisconnected(*in.parameter_grads, r);
   return r;
 }
 

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "capsule/capture/optimizer_probe.h"
 #include "capsule/format/capsule_reader.h"
@@ -762,7 +763,7 @@ struct ProbeRun {
   PublicKey pub;
   Harness h;
   MonitorOptions options;
-  ProbeRun() {
+  explicit ProbeRun(FaultSpec fault = {}) : h(4, fault) {
     options.capsule_dir = dir.path() + "/caps";
     options.signing_key_path = MakeKey(dir.path(), &pub);
     options.log_sink = [](const std::string&) {};
@@ -939,6 +940,30 @@ TEST(OptimizerProbeTest, AStepNeverObservedIsWrittenAtTheNextStepAndSaysSo) {
     noted |= n.find("not observed") != std::string::npos;
   }
   EXPECT_TRUE(noted);
+}
+
+TEST(OptimizerProbeTest, TwoCapturesInOneStepAreBothWrittenWithTheStep) {
+  // A NaN trigger at EndStep, then a capture by hand in the same step: both wait for the
+  // optimizer step, and both are written with it.
+  ProbeRun run(FaultSpec{tiny_gpt::FaultKind::kNan, "blocks.1", 2});
+  Monitor monitor(run.options);
+  monitor.AttachModel(run.h.model.get(), PathKind::kOptimized);
+  OptimizerProbe probe(monitor, *run.h.optimizer, run.h.model->NamedParameters());
+  run.h.Step(monitor, 0, false, &probe);
+  run.h.Step(monitor, 1, false, &probe);
+  run.h.Step(monitor, 2, /*capture_now=*/true, &probe);
+  const auto caps = ListCapsules(run.options.capsule_dir);
+  ASSERT_EQ(caps.size(), 2u);
+  std::set<int> kinds;
+  for (const std::string& path : caps) {
+    const DecodedCapsule d = ReadBack(path, run.pub);
+    ASSERT_NE(d.capsule, nullptr) << path;
+    kinds.insert(d.capsule->trigger().kind());
+    EXPECT_EQ(d.capsule->step().global_step(), 2);
+    EXPECT_TRUE(d.capsule->optimizer().observed_after()) << path;
+  }
+  EXPECT_EQ(kinds, (std::set<int>{v1::NON_FINITE_LOSS, v1::MANUAL}));
+  EXPECT_EQ(monitor.capsules_written(), 2);
 }
 
 TEST(OptimizerProbeTest, WithoutAPendingCaptureTheProbeCopiesNothing) {

@@ -188,6 +188,7 @@ v1::Capsule MakeFullCapsule() {
     for (int64_t t : {17, 3, 99, -100}) seq->add_labels(t + (t < 0 ? 0 : i));
     seq->set_attention_mask(std::string("\x01\x01\x01\x00", 4));
     seq->set_loss_mask(std::string("\x01\x01\x00\x00", 4));
+    seq->set_response_mask(std::string("\x00\x01\x01\x01", 4));
     // The second sample's window ends mid-character: kept as bytes.
     if (i == 0) {
       seq->set_raw_text("the quick brown fox " + std::to_string(i));
@@ -312,6 +313,7 @@ v1::Capsule MakeFullCapsule() {
   model->set_trainer_path(v1::OPTIMIZED);
   model->set_weight_policy(v1::WEIGHTS_ANOMALOUS_LAYER);
   for (const char* l : layers) model->add_layers(l);
+  model->add_declared_frozen("embed.*");
   v1::WeightsReference* ref = model->mutable_weights_reference();
   ref->set_path("/ckpt/model.pt");
   ref->set_size_bytes(4096);

@@ -291,6 +291,26 @@ TEST(DiagnoseTest, AnOptimizerFindingExplainsBeforeTheNumerics) {
   EXPECT_EQ(report.first_divergent_layer(), "blocks.1");
 }
 
+TEST(DiagnoseTest, TheBackwardBisectNamesABlockTheForwardCannotSee) {
+  // A detach() on the optimized path only: the forward is exact, layerwise comparison passes (or
+  // was off), and only the backward bisect finds the block.
+  v1::ReplayReport r;
+  r.set_fidelity(v1::NOT_CHECKED);
+  r.mutable_bisect()->set_strategy("bisect");
+  r.mutable_backward_bisect()->set_strategy("bisect");
+  r.mutable_backward_bisect()->set_first_bad_layer("blocks.2");
+  internal::Diagnose(r);
+  EXPECT_EQ(r.diagnosis(), v1::NUMERICS);
+  EXPECT_EQ(r.first_divergent_layer(), "blocks.2");
+  EXPECT_EQ(r.first_divergent_phase(), v1::BACKWARD);
+  EXPECT_EQ(r.first_divergent_source(), v1::BISECT);
+  // The forward bisect's layer comes first when it has one.
+  r.mutable_bisect()->set_first_bad_layer("blocks.1");
+  internal::Diagnose(r);
+  EXPECT_EQ(r.first_divergent_layer(), "blocks.1");
+  EXPECT_EQ(r.first_divergent_phase(), v1::FORWARD);
+}
+
 TEST(GateTest, AFailureIsGoneWhenNothingDivergesNothingFailsAndTheTriggerDoesNotFire) {
   v1::Capsule c = Captured(v1::NON_FINITE_LOSS, kNan);
   c.mutable_numerics()->set_first_anomalous_layer("blocks.2");
