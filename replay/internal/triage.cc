@@ -9,6 +9,7 @@
 
 #include "capsule/base/printable.h"
 #include "capsule/base/strings.h"
+#include "capsule/replay/internal/classification_stage.h"
 
 namespace capsule::internal {
 namespace {
@@ -122,6 +123,7 @@ bool StartStage(v1::Stage stage, const TriageInput& in, v1::StageReport* r) {
 }  // namespace
 
 v1::StageReport RunDataStage(const TriageInput& in) {
+  if (IsClassificationBatch(in)) return RunClassificationDataStage(in);
   v1::StageReport r;
   if (!StartStage(v1::STAGE_DATA, in, &r)) return r;
   Tokens t = Align(in, in.batch->labels_shifted);
@@ -207,6 +209,7 @@ v1::StageReport RunDataStage(const TriageInput& in) {
 }
 
 v1::StageReport RunObjectiveStage(const TriageInput& in) {
+  if (IsClassificationBatch(in)) return RunClassificationObjectiveStage(in);
   v1::StageReport r;
   if (!StartStage(v1::STAGE_OBJECTIVE, in, &r)) return r;
   const bool shifted = in.batch->labels_shifted;

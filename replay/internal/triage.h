@@ -29,6 +29,9 @@ struct TriageInput {
   const v1::Capsule* capsule = nullptr;  // sample ids and the cursor; may be null
   const LayerBatch* batch = nullptr;
   at::Tensor logits;      // the reference path's logits [B, T, V]; undefined when it has none
+  // The same in the step's own mode (training: dropout, BatchNorm's batch statistics), the mode
+  // the trainer's loss was computed in; undefined when it has none.
+  at::Tensor step_logits;
   double model_loss = 0;  // the reference path's loss on the same batch
   // The reference path's parameter gradients (its backward in training mode); null: none ran.
   const std::vector<ParameterGrad>* parameter_grads = nullptr;
