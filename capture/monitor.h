@@ -152,14 +152,14 @@ enum class ObjectiveKind { kUnspecified = 0, kLanguageModel = 1, kClassification
 
 // What the trainer declares its loss to be; replay's objective stage holds the step to it.
 struct LossSpec {
-  ObjectiveKind kind = ObjectiveKind::kUnspecified;  // unspecified: replay reads the shapes
   LossReduction reduction = LossReduction::kUnspecified;  // unspecified: read as a token mean
   // What the step's loss sum is divided by (a token mean: the target tokens of every micro-batch
   // and rank); 0 when not declared.
   double normalizer = 0;
   int ranks = 0;  // data-parallel ranks the normaliser spans; 0 or 1: this rank alone
   int64_t ignore_index = -100;
-  double label_smoothing = 0;  // torch's label_smoothing, in [0, 1]
+  double label_smoothing = 0;                        // torch's label_smoothing, in [0, 1]
+  ObjectiveKind kind = ObjectiveKind::kUnspecified;  // unspecified: replay reads the shapes
 };
 
 // One step's batch: the tensors the model consumes plus what identifies the samples. A step that

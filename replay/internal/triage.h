@@ -28,7 +28,7 @@ namespace capsule::internal {
 struct TriageInput {
   const v1::Capsule* capsule = nullptr;  // sample ids and the cursor; may be null
   const LayerBatch* batch = nullptr;
-  at::Tensor logits;      // the reference path's logits [B, T, V]; undefined when it has none
+  at::Tensor logits;  // the reference path's logits [B, T, V]; undefined when it has none
   // The same in the step's own mode (training: dropout, BatchNorm's batch statistics), the mode
   // the trainer's loss was computed in; undefined when it has none.
   at::Tensor step_logits;
