@@ -64,6 +64,12 @@ OptimizerState ReadTorchOptim(torch::optim::Optimizer& opt, const std::vector<Na
   s.optimizer_class = adamw  ? "torch::optim::AdamW"
                       : adam ? "torch::optim::Adam"
                              : "torch::optim::Optimizer";
+  if (!adamw && !adam) {
+    s.not_captured =
+        "a torch::optim::Optimizer other than AdamW and Adam is not captured: its groups' "
+        "learning rates and the parameters after the step are recorded, which replay's optimizer "
+        "stage does not redo";
+  }
   std::map<const c10::TensorImpl*, int> group_of;
   const auto& groups = opt.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
