@@ -2,15 +2,17 @@
 VisionTransformer, vision_models.py): the data and objective stages on a batch of one class per
 sample, and the optimizer stage on a torch.optim AdamW/Adam step recorded through
 Monitor.attach_optimizer. Run by ctest (python_tests)."""
+import json
 import pathlib
 import re
+import subprocess
 import sys
 
 import pytest
 import torch
 
 import capsule
-from test_capsule import keys  # noqa: F401 (a fixture)
+from test_capsule import CLI, keys  # noqa: F401 (keys: a fixture)
 
 pytest.importorskip("torchvision")
 HERE = pathlib.Path(__file__).resolve().parent
@@ -161,6 +163,12 @@ def test_an_update_the_recorded_adamw_does_not_make_is_named(tmp_path, keys):
 def test_an_optimizer_that_is_not_adam_is_refused_and_says_so(tmp_path, keys):
     with pytest.warns(UserWarning, match="torch.optim.SGD is not captured: only"):
         cap = optimizer_capture(tmp_path, keys, lambda p: torch.optim.SGD(p, lr=0.01))
+    info = json.loads(subprocess.run([CLI, "inspect", str(cap), "--pubkey", str(keys[1]),
+                                      "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert info["optimizer"]["kind"] == "OTHER_OPTIMIZER"
+    assert info["optimizer"]["optimizer_class"] == "torch.optim.SGD"
+    assert any("torch.optim.SGD is not captured" in n for n in info["capture_notes"])
     _, d = replay(cap, keys)
     match = next(f for f in stage(d, "STAGE_OPTIMIZER")["findings"]
                  if f["check"] == "optimizer.update_matches")
