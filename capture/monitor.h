@@ -163,6 +163,10 @@ struct DataCursor {
 // How the trainer reduces per-token losses to the step's loss (capsule.v1.LossReduction).
 enum class LossReduction { kUnspecified = 0, kTokenMean = 1, kTokenSum = 2, kSequenceMean = 3 };
 
+// What the loss scores (capsule.v1.ObjectiveKind): a language model's tokens, or one class per
+// sample (labels [batch], logits [batch, classes]).
+enum class ObjectiveKind { kUnspecified = 0, kLanguageModel = 1, kClassification = 2 };
+
 // What the trainer declares its loss to be; replay's objective stage holds the step to it.
 struct LossSpec {
   LossReduction reduction = LossReduction::kUnspecified;  // unspecified: read as a token mean
@@ -171,6 +175,8 @@ struct LossSpec {
   double normalizer = 0;
   int ranks = 0;  // data-parallel ranks the normaliser spans; 0 or 1: this rank alone
   int64_t ignore_index = -100;
+  double label_smoothing = 0;                        // torch's label_smoothing, in [0, 1]
+  ObjectiveKind kind = ObjectiveKind::kUnspecified;  // unspecified: replay reads the shapes
 };
 
 // One step's batch: the tensors the model consumes plus what identifies the samples. A step that

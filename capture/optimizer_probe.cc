@@ -28,6 +28,7 @@ struct OptimizerProbe::Before {
   };
   OptimizerStepInfo info;
   v1::OptimizerKind kind = v1::OTHER_OPTIMIZER;
+  std::string optimizer_class, not_captured;
   std::vector<v1::ParamGroup> groups;
   std::vector<Param> params;
   bool record_tensors = false;
@@ -42,35 +43,91 @@ double Norm(const at::Tensor& t) {
   return t.detach().to(at::kDouble).pow(2).sum().sqrt().item<double>();
 }
 
-// The Adam-family state of `p`, if the optimizer holds one: step, exp_avg, exp_avg_sq.
-struct AdamState {
-  int64_t step = 0;
-  at::Tensor exp_avg, exp_avg_sq;
-};
+// AdamOptions and AdamWOptions have the same fields but no common base.
+template <typename Options>
+void FillAdamGroup(const Options& o, OptimizerGroupState* g) {
+  g->beta1 = std::get<0>(o.betas());
+  g->beta2 = std::get<1>(o.betas());
+  g->eps = o.eps();
+  g->weight_decay = o.weight_decay();
+  g->amsgrad = o.amsgrad();
+}
 
-AdamState StateOf(torch::optim::Optimizer& opt, v1::OptimizerKind kind, const at::Tensor& p) {
-  AdamState s;
+// A torch::optim optimizer's state for `named`, matched to its tensors by identity.
+OptimizerState ReadTorchOptim(torch::optim::Optimizer& opt, const std::vector<NamedTensor>& named) {
+  OptimizerState s;
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&opt) != nullptr;
+  const bool adam = dynamic_cast<torch::optim::Adam*>(&opt) != nullptr;
+  s.kind = adamw  ? OptimizerState::Kind::kAdamW
+           : adam ? OptimizerState::Kind::kAdam
+                  : OptimizerState::Kind::kOther;
+  s.optimizer_class = adamw  ? "torch::optim::AdamW"
+                      : adam ? "torch::optim::Adam"
+                             : "torch::optim::Optimizer";
+  if (!adamw && !adam) {
+    s.not_captured =
+        "a torch::optim::Optimizer other than AdamW and Adam is not captured: its groups' "
+        "learning rates and the parameters after the step are recorded, which replay's optimizer "
+        "stage does not redo";
+  }
+  std::map<const c10::TensorImpl*, int> group_of;
+  const auto& groups = opt.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    OptimizerGroupState pg;
+    const auto& o = groups[g].options();
+    pg.lr = o.get_lr();
+    if (adamw) {
+      FillAdamGroup(static_cast<const torch::optim::AdamWOptions&>(o), &pg);
+    } else if (adam) {
+      FillAdamGroup(static_cast<const torch::optim::AdamOptions&>(o), &pg);
+    }
+    s.groups.push_back(pg);
+    for (const at::Tensor& p : groups[g].params()) {
+      group_of[p.unsafeGetTensorImpl()] = static_cast<int>(g);
+    }
+  }
   auto& states = opt.state();
-  auto it = states.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-  if (it == states.end() || !it->second) return s;
-  if (kind == v1::ADAMW) {
-    auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-    s = {st.step(), st.exp_avg(), st.exp_avg_sq()};
-  } else if (kind == v1::ADAM) {
-    auto& st = static_cast<torch::optim::AdamParamState&>(*it->second);
-    s = {st.step(), st.exp_avg(), st.exp_avg_sq()};
+  for (const NamedTensor& n : named) {
+    OptimizerParamState& ps = s.params[n.first];
+    auto g = group_of.find(n.second.unsafeGetTensorImpl());
+    ps.group = g == group_of.end() ? -1 : g->second;
+    auto it = states.find(c10::guts::to_string(n.second.unsafeGetTensorImpl()));
+    if (it == states.end() || !it->second) continue;
+    if (adamw) {
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      std::tie(ps.step, ps.exp_avg, ps.exp_avg_sq) =
+          std::tuple{st.step(), st.exp_avg(), st.exp_avg_sq()};
+    } else if (adam) {
+      auto& st = static_cast<torch::optim::AdamParamState&>(*it->second);
+      std::tie(ps.step, ps.exp_avg, ps.exp_avg_sq) =
+          std::tuple{st.step(), st.exp_avg(), st.exp_avg_sq()};
+    }
   }
   return s;
 }
 
-// AdamOptions and AdamWOptions have the same fields but no common base.
-template <typename Options>
-void FillAdamGroup(const Options& o, v1::ParamGroup* pg) {
-  pg->set_beta1(std::get<0>(o.betas()));
-  pg->set_beta2(std::get<1>(o.betas()));
-  pg->set_eps(o.eps());
-  pg->set_weight_decay(o.weight_decay());
-  pg->set_amsgrad(o.amsgrad());
+v1::OptimizerKind KindOf(OptimizerState::Kind k) {
+  switch (k) {
+    case OptimizerState::Kind::kAdamW:
+      return v1::ADAMW;
+    case OptimizerState::Kind::kAdam:
+      return v1::ADAM;
+    case OptimizerState::Kind::kOther:
+      break;
+  }
+  return v1::OTHER_OPTIMIZER;
+}
+
+v1::ParamGroup GroupProto(const OptimizerGroupState& g) {
+  v1::ParamGroup pg;
+  pg.set_lr(g.lr);
+  pg.set_beta1(g.beta1);
+  pg.set_beta2(g.beta2);
+  pg.set_eps(g.eps);
+  pg.set_weight_decay(g.weight_decay);
+  pg.set_amsgrad(g.amsgrad);
+  pg.set_maximize(g.maximize);
+  return pg;
 }
 
 Status Embed(const std::string& name, const at::Tensor& t, v1::Capsule& c) {
@@ -85,8 +142,15 @@ Status Embed(const std::string& name, const at::Tensor& t, v1::Capsule& c) {
 
 OptimizerProbe::OptimizerProbe(Monitor& monitor, torch::optim::Optimizer& optimizer,
                                std::vector<NamedTensor> named, OptimizerProbeOptions options)
+    : OptimizerProbe(
+          monitor,
+          [&optimizer](const std::vector<NamedTensor>& n) { return ReadTorchOptim(optimizer, n); },
+          std::move(named), std::move(options)) {}
+
+OptimizerProbe::OptimizerProbe(Monitor& monitor, OptimizerReader reader,
+                               std::vector<NamedTensor> named, OptimizerProbeOptions options)
     : monitor_(monitor),
-      optimizer_(optimizer),
+      reader_(std::move(reader)),
       named_(std::move(named)),
       options_(std::move(options)) {
   monitor_.SetOptimizerProbe(this);
@@ -103,27 +167,16 @@ void OptimizerProbe::BeforeStep(const OptimizerStepInfo& info) {
   try {
     auto b = std::make_unique<Before>();
     b->info = info;
-    const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer_) != nullptr;
-    const bool adam = dynamic_cast<torch::optim::Adam*>(&optimizer_) != nullptr;
-    b->kind = adamw ? v1::ADAMW : adam ? v1::ADAM : v1::OTHER_OPTIMIZER;
-    std::map<const c10::TensorImpl*, int> group_of;
-    const auto& groups = optimizer_.param_groups();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      v1::ParamGroup pg;
-      const auto& o = groups[g].options();
-      pg.set_lr(o.get_lr());
-      if (adamw) {
-        FillAdamGroup(static_cast<const torch::optim::AdamWOptions&>(o), &pg);
-      } else if (adam) {
-        FillAdamGroup(static_cast<const torch::optim::AdamOptions&>(o), &pg);
-      }
+    const OptimizerState state = reader_(named_);
+    b->kind = KindOf(state.kind);
+    b->optimizer_class = state.optimizer_class;
+    b->not_captured = state.not_captured;
+    for (size_t g = 0; g < state.groups.size(); ++g) {
+      v1::ParamGroup pg = GroupProto(state.groups[g]);
       if (g < info.scheduled_lr.size() && info.scheduled_lr[g]) {
         pg.set_scheduled_lr(*info.scheduled_lr[g]);
       }
       b->groups.push_back(pg);
-      for (const at::Tensor& p : groups[g].params()) {
-        group_of[p.unsafeGetTensorImpl()] = static_cast<int>(g);
-      }
     }
     uint64_t bytes = 0;
     for (const NamedTensor& n : named_) {
@@ -134,11 +187,11 @@ void OptimizerProbe::BeforeStep(const OptimizerStepInfo& info) {
       Before::Param p;
       p.name = n.first;
       p.tensor = n.second;
-      auto it = group_of.find(n.second.unsafeGetTensorImpl());
-      p.group = it == group_of.end() ? -1 : it->second;
+      auto it = state.params.find(n.first);
+      const OptimizerParamState s = it == state.params.end() ? OptimizerParamState{} : it->second;
+      p.group = s.group >= 0 && s.group < static_cast<int>(b->groups.size()) ? s.group : -1;
       p.requires_grad = n.second.requires_grad();
       p.exempt = options_.decay_exempt && options_.decay_exempt(n.first, n.second);
-      const AdamState s = StateOf(optimizer_, b->kind, n.second);
       p.step = s.step;
       // Copies: step() updates these in place. Parameters are copied even when tensors are not
       // recorded, for the update norm.
@@ -176,6 +229,9 @@ void OptimizerProbe::RecordStep(v1::Capsule* c) {
     v1::OptimizerStep& out = *c->mutable_optimizer();
     const Before& b = *before_;
     out.set_kind(b.kind);
+    out.set_optimizer_class(b.optimizer_class);
+    if (!b.not_captured.empty()) c->add_capture_notes("optimizer: " + b.not_captured);
+    const OptimizerState state = reader_(named_);
     for (const v1::ParamGroup& g : b.groups) *out.add_groups() = g;
     for (const std::string& s : b.info.order) out.add_order(s);
     out.set_clip_max_norm(b.info.clip_max_norm);
@@ -207,7 +263,9 @@ void OptimizerProbe::RecordStep(v1::Capsule* c) {
         *field = prefix + what;
         return Status::Ok();
       };
-      const AdamState s = StateOf(optimizer_, b.kind, p.tensor);
+      auto found = state.params.find(p.name);
+      const OptimizerParamState s =
+          found == state.params.end() ? OptimizerParamState{} : found->second;
       Status st = record("grad", p.grad, ps.mutable_grad());
       if (st.ok()) st = record("exp_avg", p.exp_avg, ps.mutable_exp_avg());
       if (st.ok()) st = record("exp_avg_sq", p.exp_avg_sq, ps.mutable_exp_avg_sq());

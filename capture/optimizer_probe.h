@@ -18,9 +18,11 @@
 //
 // torch::optim::AdamW and torch::optim::Adam are recorded in full; any other optimizer is recorded
 // as OTHER_OPTIMIZER (groups' learning rates and the parameters after the step), which replay
-// does not redo. State tensors are recorded while parameters, gradients and moments before and
-// after fit in `max_state_bytes` (about 7 times the model's parameter bytes); above it only the
-// scalars and norms are.
+// does not redo. An optimizer the probe cannot see as a torch::optim::Optimizer (Python's
+// torch.optim, through the Python package's Monitor.attach_optimizer) is read through an
+// OptimizerReader that gives the same facts. State tensors are recorded while parameters, gradients
+// and moments before and after fit in `max_state_bytes` (about 7 times the model's parameter
+// bytes); above it only the scalars and norms are.
 //
 // Thread safety: used from the training thread only, like the Monitor it is attached to. The
 // probe must not outlive the Monitor; it detaches itself when destroyed.
@@ -29,6 +31,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +57,36 @@ struct OptimizerProbeOptions {
   uint64_t max_state_bytes = uint64_t{256} << 20;
 };
 
+// One parameter group's hyper-parameters at the step (capsule.v1.ParamGroup).
+struct OptimizerGroupState {
+  double lr = 0;
+  double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;  // Adam and AdamW only
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+// One parameter's place in the optimizer and its Adam state.
+struct OptimizerParamState {
+  int group = -1;                  // index in OptimizerState::groups; -1: not in the optimizer
+  int64_t step = 0;                // the optimizer's step count for it (0: no state yet)
+  at::Tensor exp_avg, exp_avg_sq;  // the optimizer's own tensors; undefined: no state yet
+};
+
+// The optimizer as the probe reads it, before and after the step.
+struct OptimizerState {
+  enum class Kind { kOther, kAdamW, kAdam };
+  Kind kind = Kind::kOther;     // kOther: groups' learning rates only, not redone by replay
+  std::string optimizer_class;  // as the trainer's language names it: "torch.optim.AdamW"
+  // Why the optimizer is not recorded in full ("" when it is); a capture note of the capsule.
+  std::string not_captured;
+  std::vector<OptimizerGroupState> groups;
+  std::map<std::string, OptimizerParamState> params;  // by the parameter's name in `named`
+};
+
+// Reads the optimizer's state for the named parameters. May throw: the probe then records that
+// the step was not recorded, and the trainer goes on.
+using OptimizerReader = std::function<OptimizerState(const std::vector<NamedTensor>& named)>;
+
 // What the trainer did between EndStep and step(), as it declares it.
 struct OptimizerStepInfo {
   double clip_max_norm = 0;                     // 0: no clipping
@@ -73,6 +106,10 @@ class OptimizerProbe {
   // outlive the probe. Attaches the probe to `monitor` (one probe per Monitor).
   OptimizerProbe(Monitor& monitor, torch::optim::Optimizer& optimizer,
                  std::vector<NamedTensor> named, OptimizerProbeOptions options = {});
+  // Any optimizer, read through `reader` (called in BeforeStep and AfterStep on the training
+  // thread).
+  OptimizerProbe(Monitor& monitor, OptimizerReader reader, std::vector<NamedTensor> named,
+                 OptimizerProbeOptions options = {});
   ~OptimizerProbe();
   OptimizerProbe(const OptimizerProbe&) = delete;
   OptimizerProbe& operator=(const OptimizerProbe&) = delete;
@@ -91,7 +128,7 @@ class OptimizerProbe {
   // Writes the step recorded by BeforeStep, and the parameters as they are now, into `c`.
   void RecordStep(v1::Capsule* c);
   Monitor& monitor_;
-  torch::optim::Optimizer& optimizer_;
+  OptimizerReader reader_;
   std::vector<NamedTensor> named_;
   OptimizerProbeOptions options_;
   std::unique_ptr<Before> before_;

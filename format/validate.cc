@@ -335,11 +335,16 @@ Status ValidateObjectiveAndOptimizer(const v1::Capsule& c,
     return Invalid("objective.normalizer", "must be finite and >= 0");
   }
   if (obj.ranks() < 0) return Invalid("objective.ranks", "must be >= 0");
+  if (!(obj.label_smoothing() >= 0 && obj.label_smoothing() <= 1)) {
+    return Invalid("objective.label_smoothing", "must be in [0, 1]");
+  }
   const v1::OptimizerStep& opt = c.optimizer();
   for (int i = 0; i < opt.groups_size(); ++i) {
     const v1::ParamGroup& g = opt.groups(i);
     const std::string where = "optimizer.groups[" + std::to_string(i) + "]";
     if (!std::isfinite(g.lr()) || g.lr() < 0) return Invalid(where, "lr must be finite and >= 0");
+    // Another optimizer records its learning rates only (OptimizerKind OTHER_OPTIMIZER).
+    if (opt.kind() != v1::ADAMW && opt.kind() != v1::ADAM) continue;
     if (!(g.beta1() >= 0 && g.beta1() < 1) || !(g.beta2() >= 0 && g.beta2() < 1)) {
       return Invalid(where, "betas must be in [0, 1)");
     }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "capsule/capture/monitor.h"
+#include "capsule/capture/optimizer_probe.h"
 #include "capsule/cli/cli.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/model/layer_sequence.h"
@@ -161,6 +162,40 @@ LayerBatch BatchFromDict(const py::dict& d) {
   if (d.contains("labels_shifted")) b.labels_shifted = d["labels_shifted"].cast<bool>();
   if (d.contains("training")) b.training = d["training"].cast<bool>();
   return b;
+}
+
+// What the batch dict declares of the loss: "objective" ("classification", "language_model"),
+// "reduction" ("mean", "sum", "sequence_mean"), "ignore_index", "label_smoothing"; absent keys
+// keep LossSpec's defaults. An unknown value is refused.
+LossSpec LossSpecFromDict(const py::dict& d) {
+  LossSpec s;
+  if (d.contains("objective") && !d["objective"].is_none()) {
+    const std::string v = d["objective"].cast<std::string>();
+    if (v == "classification") {
+      s.kind = ObjectiveKind::kClassification;
+    } else if (v == "language_model") {
+      s.kind = ObjectiveKind::kLanguageModel;
+    } else {
+      throw py::value_error("batch[\"objective\"]: '" + v +
+                            "' is neither 'classification' nor 'language_model'");
+    }
+  }
+  if (d.contains("reduction") && !d["reduction"].is_none()) {
+    const std::string v = d["reduction"].cast<std::string>();
+    const std::map<std::string, LossReduction> names = {
+        {"mean", LossReduction::kTokenMean},
+        {"sum", LossReduction::kTokenSum},
+        {"sequence_mean", LossReduction::kSequenceMean}};
+    auto it = names.find(v);
+    if (it == names.end()) {
+      throw py::value_error("batch[\"reduction\"]: '" + v +
+                            "' is not one of 'mean', 'sum', 'sequence_mean'");
+    }
+    s.reduction = it->second;
+  }
+  if (d.contains("ignore_index")) s.ignore_index = d["ignore_index"].cast<int64_t>();
+  if (d.contains("label_smoothing")) s.label_smoothing = d["label_smoothing"].cast<double>();
+  return s;
 }
 
 // `module.<method>()` ("named_parameters", "named_buffers") as (name, tensor) pairs.
@@ -353,6 +388,8 @@ py::dict ReportDict(const StepReport& r) {
   d["first_anomalous_layer"] = r.first_anomalous_layer;
   d["rerun_reproduced"] = r.rerun_reproduced;
   d["queued"] = r.queued;  // background_write: capsule_path is where it will land
+  // Built, and written after the optimizer step (Monitor.attach_optimizer's probe).
+  d["pending"] = r.pending;
   return d;
 }
 
@@ -361,7 +398,58 @@ struct PyMonitor {
   explicit PyMonitor(MonitorOptions options) : monitor(std::move(options)) {}
   Monitor monitor;
   std::shared_ptr<PyModel> model;
+  std::unique_ptr<OptimizerProbe> probe;  // destroyed before the monitor it is attached to
 };
+
+// A Python error in a call the probe makes, as the std::exception the probe records (its
+// traceback printed, as PythonError does).
+template <typename F>
+auto ForProbe(const std::string& what, F&& f) -> decltype(f()) {
+  py::gil_scoped_acquire gil;
+  try {
+    return CallPython(what, AfterInterrupt::kRun, f);
+  } catch (py::error_already_set& e) {
+    throw std::runtime_error(what + " raised " + PythonError(e));
+  }
+}
+
+// `read()` (python/capsule/__init__.py's _optimizer_state) as the probe's OptimizerState:
+// {"kind", "class", "not_captured", "groups": [dict], "params": {name: (group, step, exp_avg,
+// exp_avg_sq)}}.
+OptimizerState OptimizerStateFrom(const py::object& read) {
+  return ForProbe("the optimizer's state", [&] {
+    const py::dict d = read().cast<py::dict>();
+    OptimizerState s;
+    const std::string kind = d["kind"].cast<std::string>();
+    s.kind = kind == "adamw"  ? OptimizerState::Kind::kAdamW
+             : kind == "adam" ? OptimizerState::Kind::kAdam
+                              : OptimizerState::Kind::kOther;
+    s.optimizer_class = d["class"].cast<std::string>();
+    s.not_captured = d["not_captured"].cast<std::string>();
+    for (const py::handle& item : d["groups"]) {
+      const py::dict g = item.cast<py::dict>();
+      OptimizerGroupState gs;
+      gs.lr = g["lr"].cast<double>();
+      gs.beta1 = g["beta1"].cast<double>();
+      gs.beta2 = g["beta2"].cast<double>();
+      gs.eps = g["eps"].cast<double>();
+      gs.weight_decay = g["weight_decay"].cast<double>();
+      gs.amsgrad = g["amsgrad"].cast<bool>();
+      gs.maximize = g["maximize"].cast<bool>();
+      s.groups.push_back(gs);
+    }
+    for (const auto& [name, item] : d["params"].cast<py::dict>()) {
+      const py::tuple t = item.cast<py::tuple>();
+      OptimizerParamState ps;
+      ps.group = t[0].cast<int>();
+      ps.step = t[1].cast<int64_t>();
+      if (!t[2].is_none()) ps.exp_avg = t[2].cast<at::Tensor>();
+      if (!t[3].is_none()) ps.exp_avg_sq = t[3].cast<at::Tensor>();
+      s.params[name.cast<std::string>()] = ps;
+    }
+    return s;
+  });
+}
 
 WeightPolicy ParseWeightPolicy(const std::string& name) {
   if (name == "all") return WeightPolicy::kAll;
@@ -490,7 +578,10 @@ using capsule::StepScalars;
 using capsule::python::AfterInterrupt;
 using capsule::python::BatchFromDict;
 using capsule::python::CallPython;
+using capsule::python::ForProbe;
 using capsule::python::Interrupt;
+using capsule::python::LossSpecFromDict;
+using capsule::python::OptimizerStateFrom;
 using capsule::python::OptionsFrom;
 using capsule::python::PyModel;
 using capsule::python::PyMonitor;
@@ -540,6 +631,55 @@ PYBIND11_MODULE(_capsule, m) {
             });
           },
           py::arg("name"), py::arg("save"), py::arg("seed") = 0, py::arg("restore") = py::none())
+      .def(
+          "attach_optimizer",
+          [](PyMonitor& self, py::object read, const std::vector<NamedTensor>& named,
+             py::object decay_exempt, uint64_t max_state_bytes) {
+            self.probe.reset();  // one probe per Monitor: the last attached
+            capsule::OptimizerProbeOptions options;
+            options.max_state_bytes = max_state_bytes;
+            if (!decay_exempt.is_none()) {
+              options.decay_exempt = [decay_exempt](const std::string& name, const at::Tensor& p) {
+                return ForProbe("decay_exempt", [&] { return decay_exempt(name, p).cast<bool>(); });
+              };
+            }
+            auto reader = [read](const std::vector<NamedTensor>&) {
+              return OptimizerStateFrom(read);
+            };
+            self.probe = std::make_unique<capsule::OptimizerProbe>(self.monitor, reader, named,
+                                                                   std::move(options));
+          },
+          py::arg("read"), py::arg("named"), py::arg("decay_exempt") = py::none(),
+          py::arg("max_state_bytes") = uint64_t{256} << 20)
+      .def("optimizer_before_step",
+           [](PyMonitor& self, double clip_max_norm, std::optional<double> grad_norm_before_clip,
+              double loss_scale, bool found_inf, const std::vector<std::string>& order,
+              const std::vector<std::optional<double>>& scheduled_lr) {
+             if (!self.probe) throw py::value_error("no optimizer is attached (attach_optimizer)");
+             capsule::OptimizerStepInfo info;
+             info.clip_max_norm = clip_max_norm;
+             info.grad_norm_before_clip = grad_norm_before_clip;
+             info.loss_scale = loss_scale;
+             info.found_inf = found_inf;
+             info.order = order;
+             info.scheduled_lr = scheduled_lr;
+             {
+               py::gil_scoped_release no_gil;  // the reader takes the GIL to read the optimizer
+               self.probe->BeforeStep(info);
+             }
+             Interrupt::RaiseIfInterrupted();
+           })
+      .def("optimizer_after_step",
+           [](PyMonitor& self) {
+             if (!self.probe) throw py::value_error("no optimizer is attached (attach_optimizer)");
+             capsule::StepReport r;
+             {
+               py::gil_scoped_release no_gil;  // the writer may log through Python
+               r = self.probe->AfterStep();
+             }
+             Interrupt::RaiseIfInterrupted();
+             return ReportDict(r);
+           })
       .def("log", [](PyMonitor& self, const std::string& line) { self.monitor.Log(line); })
       .def("annotate", [](PyMonitor& self, const std::string& key,
                           const std::string& value) { self.monitor.Annotate(key, value); })
@@ -579,6 +719,7 @@ PYBIND11_MODULE(_capsule, m) {
              }
              StepBatch b;
              b.tensors = BatchFromDict(batch);
+             b.loss = LossSpecFromDict(batch);
              b.raw_text = raw_text;
              b.sample_ids = sample_ids;
              b.tokens_seen = tokens_seen;

@@ -1017,6 +1017,7 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
     triage.batch = &eval;
     const size_t n = ref.size();
     if (n >= 2 && !ref_eval.outputs[n - 2].empty()) triage.logits = ref_eval.outputs[n - 2][0];
+    if (n >= 2 && !ref_run.outputs[n - 2].empty()) triage.step_logits = ref_run.outputs[n - 2][0];
     triage.model_loss = ref_eval.loss;
     triage.optimized_loss = report.optimized_loss();
     if (options.progress) options.progress("data and objective stages");

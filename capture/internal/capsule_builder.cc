@@ -168,6 +168,13 @@ Status FillData(const StepSnapshot& snap, v1::Capsule& c) {
   }
   obj.set_ranks(std::max(loss.ranks, 0));
   obj.set_ignore_index(loss.ignore_index);
+  obj.set_kind(static_cast<v1::ObjectiveKind>(loss.kind));
+  if (loss.label_smoothing >= 0 && loss.label_smoothing <= 1) {
+    obj.set_label_smoothing(loss.label_smoothing);
+  } else {
+    c.add_capture_notes("objective.label_smoothing: " + std::to_string(loss.label_smoothing) +
+                        " is not in [0, 1]; not recorded");
+  }
 
   const std::pair<const char*, const at::Tensor*> batch_tensors[] = {
       {"input_ids", &lb.input_ids}, {"inputs", &lb.inputs},

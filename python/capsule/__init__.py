@@ -423,6 +423,28 @@ class Monitor:
         except ImportError:
             pass
 
+    def attach_optimizer(self, optimizer, named_parameters, decay_exempt=None,
+                         max_state_bytes=256 << 20):
+        """Records the trainer's ``torch.optim`` step in the capsule of a step that triggered, so
+        that replay's optimizer stage redoes it in FP64 (C++ ``capsule::OptimizerProbe``):
+        every group's lr, betas, eps, weight_decay, amsgrad and maximize, and each parameter's
+        step count, exp_avg and exp_avg_sq by its name in ``named_parameters`` (the model's
+        ``named_parameters()``), the gradient it was given, and the parameter and moments after
+        the step. ``torch.optim.AdamW`` and ``torch.optim.Adam`` are recorded in full; any other
+        optimizer is refused with a warning, and its capsules say it was not captured (the groups'
+        learning rates and the parameters after the step only, which replay does not redo).
+        ``decay_exempt(name, param)`` states the trainer's weight-decay exclusion rule. Call the
+        returned probe's ``step()`` (or ``before_step()``, the trainer's own step, then
+        ``after_step()``) after ``Step.end``: a capsule of a step that triggered is written
+        after it. Returns the ``OptimizerProbe``."""
+        named = [(name, p) for name, p in named_parameters]
+        kind, _ = _optimizer_kind(optimizer)
+        if kind == "other":
+            warnings.warn(_not_captured(optimizer), UserWarning, stacklevel=2)
+        read = lambda: _optimizer_state(optimizer, named)
+        self._m.attach_optimizer(read, named, decay_exempt, max_state_bytes)
+        return OptimizerProbe(self, optimizer)
+
     def set_weights_checkpoint(self, path):
         """The model's weights are now those of this checkpoint (one it loaded or saved, written
         with ``torch.save(model.state_dict(), path)``): a capsule that does not embed every
@@ -440,10 +462,14 @@ class Monitor:
         self._m.add_event(step, kind, detail)
 
     def step(self, step, batch, cursor=None, raw_text=(), sample_ids=(), tokens_seen=0):
-        """The context of one training step. ``batch`` is a dict of the step's tensors, as
-        ``LayerBatch`` (model/layer_sequence.h): ``input_ids`` or ``inputs``, ``labels``, and
-        optionally ``attention_mask``, ``loss_mask``, ``response_mask`` (1 on the response
-        tokens the loss should cover, 0 on a prompt's) and ``labels_shifted`` (default True)."""
+        """One step (a ``Step``, a context manager). ``batch`` holds the tensors the model consumes
+        (as ``LayerBatch``, model/layer_sequence.h: "input_ids" or "inputs", "labels",
+        "attention_mask", "loss_mask", "response_mask" (1 on the response tokens the loss should
+        cover, 0 on a prompt's)) and what the trainer declares of them: "labels_shifted" (default
+        True), "training", and of its loss "objective" ("classification": labels [batch] and
+        logits [batch, classes]; "language_model"), "reduction" ("mean", "sum",
+        "sequence_mean"), "ignore_index" and "label_smoothing"; replay's data and objective
+        stages hold the step to them."""
         return Step(self, step, batch, dict(cursor or {}), list(raw_text), list(sample_ids),
                     tokens_seen)
 
@@ -455,6 +481,80 @@ class Monitor:
     @property
     def capsules_written(self):
         return self._m.capsules_written
+
+
+class OptimizerProbe:
+    """The optimizer step of a ``Monitor`` (``Monitor.attach_optimizer``). Nothing is copied on a
+    step without a capture. A failure to read the optimizer is logged and noted in the capsule;
+    it never reaches the trainer."""
+
+    def __init__(self, monitor, optimizer):
+        self._monitor = monitor
+        self.optimizer = optimizer
+
+    def before_step(self, clip_max_norm=0.0, grad_norm_before_clip=None, loss_scale=0.0,
+                    found_inf=False, order=(), scheduled_lr=()):
+        """Right before ``optimizer.step()``, after unscaling and clipping; the arguments say what
+        the trainer did (C++ ``OptimizerStepInfo``)."""
+        self._monitor._m.optimizer_before_step(
+            float(clip_max_norm), _float(grad_norm_before_clip), float(loss_scale),
+            bool(found_inf), list(order), [_float(x) for x in scheduled_lr])
+
+    def after_step(self):
+        """Right after ``optimizer.step()``: writes the waiting capsule and returns its report
+        (an empty one when none was waiting)."""
+        return self._monitor._m.optimizer_after_step()
+
+    def step(self, closure=None, **info):
+        """``before_step(**info)``, ``optimizer.step(closure)``, ``after_step()``; returns the
+        report."""
+        self.before_step(**info)
+        self.optimizer.step(closure)
+        return self.after_step()
+
+
+def _optimizer_kind(optimizer):
+    """("adamw" | "adam" | "other", the class's name): exactly torch's classes, since a subclass
+    may step otherwise."""
+    cls = type(optimizer)
+    module = "torch.optim" if cls.__module__.startswith("torch.optim.") else cls.__module__
+    name = f"{module}.{cls.__qualname__}"
+    if cls is torch.optim.AdamW:
+        return "adamw", "torch.optim.AdamW"
+    if cls is torch.optim.Adam:
+        return "adam", "torch.optim.Adam"
+    return "other", name
+
+
+def _not_captured(optimizer):
+    return (f"{_optimizer_kind(optimizer)[1]} is not captured: only torch.optim.AdamW and "
+            f"torch.optim.Adam are; capsules record its groups' learning rates and the "
+            f"parameters after the step, which replay's optimizer stage does not redo")
+
+
+def _optimizer_state(optimizer, named):
+    """What the C++ probe reads of a torch.optim optimizer (python/capsule_py.cc,
+    OptimizerStateFrom)."""
+    kind, cls = _optimizer_kind(optimizer)
+    groups, group_of = [], {}
+    for g, group in enumerate(optimizer.param_groups):
+        betas = group.get("betas", (0.0, 0.0))
+        groups.append({"lr": float(group["lr"]), "beta1": float(betas[0]),
+                       "beta2": float(betas[1]), "eps": float(group.get("eps", 0.0)),
+                       "weight_decay": float(group.get("weight_decay", 0.0)),
+                       "amsgrad": bool(group.get("amsgrad", False)),
+                       "maximize": bool(group.get("maximize", False))})
+        for p in group["params"]:
+            group_of[id(p)] = g
+    params = {}
+    for name, p in named:
+        state = optimizer.state.get(p, {}) if kind != "other" else {}
+        step = state.get("step", 0)
+        params[name] = (group_of.get(id(p), -1),
+                        int(step.item() if isinstance(step, torch.Tensor) else step),
+                        state.get("exp_avg"), state.get("exp_avg_sq"))
+    return {"kind": kind, "class": cls, "groups": groups, "params": params,
+            "not_captured": _not_captured(optimizer) if kind == "other" else ""}
 
 
 def _as_bytes(state):

@@ -216,12 +216,12 @@ v1::StageReport RunOptimizerStage(const v1::Capsule& c, double reference_grad_no
     if (!v0.defined()) v0 = at::zeros_like(before);
     const double lr = g.lr(), b1 = g.beta1(), b2 = g.beta2(), eps = g.eps(), wd = g.weight_decay();
     const int64_t t = p.step_before() + 1;
-    at::Tensor gr = grad;
+    at::Tensor gr = g.maximize() ? -grad : grad;  // torch's maximize ascends
     at::Tensor expected = before;
     if (opt.kind() == v1::ADAMW) {
       expected = before * (1 - lr * wd);
     } else if (wd != 0) {
-      gr = grad + wd * before;
+      gr = gr + wd * before;
     }
     const at::Tensor m = b1 * m0 + (1 - b1) * gr;
     const at::Tensor v = b2 * v0 + (1 - b2) * gr * gr;

@@ -10,6 +10,7 @@
 
 #include "capsule/base/printable.h"
 #include "capsule/base/strings.h"
+#include "capsule/replay/internal/classification_stage.h"
 
 namespace capsule::internal {
 namespace {
@@ -692,6 +693,7 @@ void CheckDisconnected(const std::vector<ParameterGrad>& grads, v1::StageReport&
 }  // namespace
 
 v1::StageReport RunDataStage(const TriageInput& in) {
+  if (IsClassificationBatch(in)) return RunClassificationDataStage(in);
   v1::StageReport r;
   if (!StartStage(v1::STAGE_DATA, in, &r)) return r;
   Tokens t = Align(in, in.batch->labels_shifted);
@@ -707,6 +709,7 @@ v1::StageReport RunDataStage(const TriageInput& in) {
 }
 
 v1::StageReport RunObjectiveStage(const TriageInput& in) {
+  if (IsClassificationBatch(in)) return RunClassificationObjectiveStage(in);
   v1::StageReport r;
   if (!StartStage(v1::STAGE_OBJECTIVE, in, &r)) return r;
   const Tokens t = Align(in, in.batch->labels_shifted);

@@ -34,7 +34,10 @@ namespace capsule::internal {
 struct TriageInput {
   const v1::Capsule* capsule = nullptr;  // sample ids and the cursor; may be null
   const LayerBatch* batch = nullptr;
-  at::Tensor logits;      // the reference path's logits [B, T, V]; undefined when it has none
+  at::Tensor logits;  // the reference path's logits [B, T, V]; undefined when it has none
+  // The same in the step's own mode (training: dropout, BatchNorm's batch statistics), the mode
+  // the trainer's loss was computed in; undefined when it has none.
+  at::Tensor step_logits;
   double model_loss = 0;  // the reference path's loss on the same batch
   // The trainer's path's loss on the same batch, in its own precision; NaN: not run.
   double optimized_loss = std::numeric_limits<double>::quiet_NaN();

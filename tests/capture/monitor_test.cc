@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -142,7 +143,7 @@ struct Harness {
   std::unique_ptr<TinyGpt> model;
   std::optional<CorpusLoader> loader;
   std::vector<at::Tensor> params;
-  std::unique_ptr<torch::optim::Adam> optimizer;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
   LayerBatch last_batch;
 };
 
@@ -964,6 +965,28 @@ TEST(OptimizerProbeTest, TwoCapturesInOneStepAreBothWrittenWithTheStep) {
   }
   EXPECT_EQ(kinds, (std::set<int>{v1::NON_FINITE_LOSS, v1::MANUAL}));
   EXPECT_EQ(monitor.capsules_written(), 2);
+}
+
+TEST(OptimizerProbeTest, AnotherOptimizerIsWrittenWithItsLearningRatesAndSaysItIsNotCaptured) {
+  ProbeRun run;
+  run.h.optimizer =
+      std::make_unique<torch::optim::SGD>(run.h.params, torch::optim::SGDOptions(0.01));
+  Monitor monitor(run.options);
+  monitor.AttachModel(run.h.model.get(), PathKind::kOptimized);
+  OptimizerProbe probe(monitor, *run.h.optimizer, run.h.model->NamedParameters());
+  const StepReport written = run.h.Step(monitor, 0, /*capture_now=*/true, &probe);
+  ASSERT_TRUE(written.status.ok()) << written.status;  // no Adam eps: still a valid capsule
+  const DecodedCapsule d = ReadBack(written.capsule_path, run.pub);
+  const v1::OptimizerStep& o = d.capsule->optimizer();
+  EXPECT_EQ(o.kind(), v1::OTHER_OPTIMIZER);
+  ASSERT_EQ(o.groups_size(), 1);
+  EXPECT_DOUBLE_EQ(o.groups(0).lr(), 0.01);
+  EXPECT_GT(o.params(0).update_norm(), 0);
+  bool noted = false;
+  for (const std::string& n : d.capsule->capture_notes()) {
+    noted |= n.find("is not captured") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
 }
 
 TEST(OptimizerProbeTest, WithoutAPendingCaptureTheProbeCopiesNothing) {

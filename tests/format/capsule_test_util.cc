@@ -352,6 +352,8 @@ v1::Capsule MakeFullCapsule() {
   objective->set_normalizer(4);
   objective->set_ranks(4);
   objective->set_ignore_index(-100);
+  objective->set_kind(v1::LANGUAGE_MODEL);
+  objective->set_label_smoothing(0.1);
 
   v1::OptimizerStep* opt = c.mutable_optimizer();
   opt->set_kind(v1::ADAMW);
@@ -363,6 +365,7 @@ v1::Capsule MakeFullCapsule() {
   group->set_weight_decay(0.1);
   group->set_amsgrad(true);
   group->set_scheduled_lr(3e-4);
+  group->set_maximize(true);
   v1::ParamGroup* no_decay = opt->add_groups();
   *no_decay = *group;
   no_decay->set_weight_decay(0);
@@ -388,6 +391,7 @@ v1::Capsule MakeFullCapsule() {
   opt->set_loss_scale(65536);
   opt->set_found_inf(true);
   opt->set_observed_after(true);
+  opt->set_optimizer_class("torch::optim::AdamW");
   v1::RunEvent* event = c.add_events();
   event->set_step(1000);
   event->set_kind("data_mixture");
