@@ -29,11 +29,19 @@ namespace capsule::internal {
 // written unsigned). The codes of LoadPrivateKeyFile, with the context "signing key".
 StatusOr<std::optional<PrivateKey>> LoadCaptureKey(const std::string& path);
 
-// Where WriteCapturedCapsule puts `capsule`: options.capsule_dir/CapsuleFileName(...).
+// Where WriteCapturedCapsule puts `capsule`: options.capsule_dir/CapsuleFileName(...), or, when
+// that name is taken, its first free SameNameSibling.
 std::string CapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions& options);
 
+// How many capsules of one name a folder may hold ("x.capsule", "x-2.capsule", ...).
+inline constexpr int kMaxSameNameCapsules = 1000;
+
+// The n-th capsule of one name: `path` for n <= 1, else its stem + "-n" + ".capsule".
+std::string SameNameSibling(const std::string& path, int n);
+
 // Creates options.capsule_dir with its parents and writes `capsule` there as
-// <run>-step<N>-rank<R>-<trigger>.capsule (step and trigger from the capsule), signed with `key`
+// <run>-step<N>-rank<R>-<trigger>.capsule (step and trigger from the capsule; a taken name: the
+// first free SameNameSibling, claimed by the atomic move), signed with `key`
 // when it is not null, flagged as holding every weight when its weight policy is ALL. Tensor
 // bytes held outside the message come as `tensor_data` (BuiltCapsule::tensor_data: one entry
 // per tensor; null or empty: every byte is in the message). The tensors' digests are not computed

@@ -290,6 +290,30 @@ TEST(MonitorLimits, MaxCapsulesPerRun) {
   EXPECT_EQ(m.capsules_written(), 2);
 }
 
+TEST(MonitorLimits, CapsulesOfOneNameAreAllKept) {
+  // Two captures by hand in one step, then a run restarted into the same folder: every capsule
+  // is one file. The second of a name was refused as existing (and lost).
+  TempDir dir;
+  MonitorOptions o = QuietOptions(dir.path());
+  o.min_steps_between_same_kind = 0;
+  StepBatch b;
+  b.tensors.input_ids = at::zeros({1, 2}, at::kLong);
+  std::set<std::string> paths;
+  for (int run = 0; run < 2; ++run) {
+    Monitor m(o);
+    m.BeginStep(7, {}, b);
+    for (const char* reason : {"first look", "second look"}) {
+      const StepReport r = m.CaptureNow(reason);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      paths.insert(r.capsule_path);
+    }
+    EXPECT_EQ(m.capsules_written(), 2);
+  }
+  EXPECT_EQ(paths.size(), 4u);
+  EXPECT_EQ(ListCapsules(dir.path()).size(), 4u);
+  EXPECT_EQ(paths.count(dir.path() + "/run-step7-rank0-manual-2.capsule"), 1u) << *paths.begin();
+}
+
 TEST_F(TriggerTest, ExceptionIsCapturedNotPropagated) {
   StepBatch batch;
   batch.tensors.input_ids = at::zeros({1, 4}, at::kLong);
