@@ -631,6 +631,7 @@ class Triage {
       }
       const std::vector<int>& ref = best->second;
       const v1::Collective& theirs = *At(views_.at(ref.front()), s);
+      const std::string tie = TieBreak(groups, best->first, score);
       for (const auto& [key, ranks] : groups) {
         if (&ranks == &ref) continue;
         const v1::Collective& mine = *At(views_.at(ranks.front()), s);
@@ -657,7 +658,7 @@ class Triage {
                 Described(mine) + " vs " +
                 (ref.size() + ranks.size() == views_.size() ? std::string("others")
                                                             : RankList(ref)) +
-                " " + Described(theirs) + " (" + Differing(key, best->first) + ")",
+                " " + Described(theirs) + " (" + Differing(key, best->first) + ")" + tie,
             ranks, views_.at(ranks.front()).PathFor(mine.step()))
             .step(mine.step(), s);
         named->insert(ranks.begin(), ranks.end());
@@ -665,6 +666,29 @@ class Triage {
       hang_found_ = true;
       return;
     }
+  }
+
+  // How the reference side of a mismatch was chosen when no side is a majority: by the ranks'
+  // own history of that call, or (nothing telling the sides apart) by the lowest rank. Empty when
+  // the reference side is a majority.
+  template <typename Groups, typename Score>
+  static std::string TieBreak(const Groups& groups, const CollectiveKey& best, const Score& score) {
+    const auto& ref = groups.at(best);
+    std::vector<int> tied;
+    bool history = false;
+    for (const auto& [key, ranks] : groups) {
+      if (key == best || ranks.size() != ref.size()) continue;
+      tied.insert(tied.end(), ranks.begin(), ranks.end());
+      history |= std::get<1>(score(ref)) && !std::get<1>(score(ranks));
+    }
+    if (tied.empty()) return "";
+    std::sort(tied.begin(), tied.end());
+    if (history) {
+      return "; no majority: " + RankList(ref) + " made this call as in its earlier steps and " +
+             RankList(tied) + " did not";
+    }
+    return "; no majority, and nothing tells the sides apart: " + RankList(ref) +
+           " is taken as the reference as the lowest rank; either side may be the odd one";
   }
 
   // (b) Ranks whose last collective is behind a sequence the others issued and could not finish.

@@ -347,6 +347,33 @@ TEST_P(RunTriageTest, ACountMismatchNamesTheRankAndTheAttribute) {
       << r.output;
   EXPECT_NE(r.output.find("vs others allreduce grads 1024 float32"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(numel, shapes differ)"), std::string::npos) << r.output;
+  // Two ranks are a tie: the sentence says what broke it (rank 1's grads differ from its own).
+  EXPECT_EQ(f.detail().find("no majority") != std::string::npos, world() == 2) << f.detail();
+  if (world() == 2) {
+    EXPECT_NE(f.detail().find("no majority: rank 0 made this call as in its earlier steps and "
+                              "rank 1 did not"),
+              std::string::npos)
+        << f.detail();
+  }
+}
+
+TEST_P(RunTriageTest, ATieNothingBreaksSaysEitherSideMayBeTheOddOne) {
+  // Half the ranks call the first collective with another count: no majority and no history.
+  std::vector<v1::Capsule> run = CleanRun(world());
+  for (int rank = world() / 2; rank < world(); ++rank) {
+    v1::Collective& k = *run[rank].mutable_distributed()->mutable_collectives(0);
+    k.set_numel(1000);
+    k.mutable_in_shapes(0)->set_dims(0, 1000);
+    k.mutable_out_shapes(0)->set_dims(0, 1000);
+  }
+  const v1::RunTriage t = Analyse(run);
+  ASSERT_GE(t.findings_size(), 1) << RenderRunTriageText(t);
+  const v1::TriageFinding& f = t.findings(0);
+  EXPECT_EQ(f.check(), "hang.mismatch");
+  EXPECT_EQ(f.sequence(), 0u);
+  const bool tie = world() % 2 == 0;
+  EXPECT_EQ(f.detail().find("either side may be the odd one") != std::string::npos, tie)
+      << f.detail();
 }
 
 TEST_P(RunTriageTest, ParametersThatDifferNameTheOddReplica) {
