@@ -176,7 +176,7 @@ Status Monitor::WriteOrQueue(v1::Capsule& capsule, const TensorDataViews* held,
       state_->writer = std::make_unique<internal::BackgroundWriter>(
           options_, options_.background_queue_depth, options_.background_signal_wait_seconds);
     }
-    const std::string path = internal::CapturedCapsulePath(capsule, options_);
+    const std::string path = internal::FreeCapturedCapsulePath(capsule, options_);
     internal::WriteJob job{std::move(capsule), held ? *held : TensorDataViews(), std::move(key),
                            what, *report};
     job.report.capsule_path = path;

@@ -15,20 +15,15 @@ StatusOr<std::optional<PrivateKey>> LoadCaptureKey(const std::string& path) {
   return std::optional<PrivateKey>(std::move(*key));
 }
 
-namespace {
-
-// options.capsule_dir/CapsuleFileName(...), whether taken or not.
-std::string NamedPath(const v1::Capsule& capsule, const MonitorOptions& options) {
+std::string CapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions& options) {
   const TriggerKind kind = static_cast<TriggerKind>(capsule.trigger().kind());
   return options.capsule_dir + "/" +
          CapsuleFileName(options.run_name, capsule.step().global_step(), options.rank,
                          TriggerKindName(kind));
 }
 
-}  // namespace
-
-std::string CapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions& options) {
-  const std::string base = NamedPath(capsule, options);
+std::string FreeCapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions& options) {
+  const std::string base = CapturedCapsulePath(capsule, options);
   for (int n = 1; n <= kMaxSameNameCapsules; ++n) {
     std::error_code ec;
     const std::string path = SameNameSibling(base, n);
@@ -41,7 +36,7 @@ StatusOr<std::string> WriteCapturedCapsule(const v1::Capsule& capsule,
                                            const MonitorOptions& options, const PrivateKey* key,
                                            const TensorDataViews* tensor_data) {
   CAPSULE_RETURN_IF_ERROR(MakeDirs(options.capsule_dir, "capsule directory"));
-  const std::string base = NamedPath(capsule, options);
+  const std::string base = CapturedCapsulePath(capsule, options);
   WriteOptions wopts;
   wopts.signing_key = key;
   if (capsule.model().weight_policy() == v1::WEIGHTS_ALL) {

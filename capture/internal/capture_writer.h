@@ -29,9 +29,12 @@ namespace capsule::internal {
 // written unsigned). The codes of LoadPrivateKeyFile, with the context "signing key".
 StatusOr<std::optional<PrivateKey>> LoadCaptureKey(const std::string& path);
 
-// Where WriteCapturedCapsule puts `capsule`: options.capsule_dir/CapsuleFileName(...), or, when
-// that name is taken, its first free SameNameSibling.
+// The name of `capsule`'s file: options.capsule_dir/CapsuleFileName(...), taken or not.
 std::string CapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions& options);
+
+// Where WriteCapturedCapsule would put `capsule` now: CapturedCapsulePath, or its first free
+// SameNameSibling when that is taken (a writer that gets there first takes the next one).
+std::string FreeCapturedCapsulePath(const v1::Capsule& capsule, const MonitorOptions& options);
 
 // How many capsules of one name a folder may hold ("x.capsule", "x-2.capsule", ...).
 inline constexpr int kMaxSameNameCapsules = 1000;

@@ -186,7 +186,9 @@ def test_the_readme_classifier_loop_records_the_adamw_step(tmp_path, keys):
         batches.append((images, net(images).argmin(1)))
     env = {"net": net, "config": {"arch": "vit"}, "batches": batches, "capsule_dir": str(tmp_path / "readme"),
            "key": str(keys[0]), "optimizer": torch.optim.AdamW(net.parameters(), lr=1e-3),
-           "spike_rule": {"window": 3, "warmup": 3, "mads": 0.0, "min_ratio": 1.15}}
+           # A rule that fires on the argmin batch after three steps: no trend, no floor in nats.
+           "spike_rule": {"window": 3, "warmup": 3, "mads": 0.0, "min_ratio": 1.15,
+                          "detrend": False, "min_rise": 0.0, "max_rise": 0.0}}
     exec(compile(snippet, "README.md (classifier)", "exec"), env)
     assert env["monitor"].capsules_written == 1
     cap = env["written"]["capsule_path"]

@@ -57,39 +57,6 @@ bool StartStage(v1::Stage stage, const TriageInput& in, v1::StageReport* r) {
   return why.empty();
 }
 
-v1::Finding& AddFinding(v1::StageReport& r, const std::string& check, bool failed, double value,
-                        double threshold, std::string detail) {
-  v1::Finding& f = *r.add_findings();
-  f.set_check(check);
-  f.set_failed(failed);
-  f.set_value(value);
-  f.set_threshold(threshold);
-  f.set_detail(std::move(detail));
-  if (failed) r.set_explains(true);
-  return f;
-}
-
-// Names sample `b` in `f` (index, the trainer's sample id and dataset index when recorded) and
-// returns its name for a sentence.
-std::string NameSample(const TriageInput& in, int64_t b, v1::Finding& f) {
-  f.set_sample_index(static_cast<int32_t>(b));
-  std::string name = "sample " + std::to_string(b);
-  std::vector<std::string> parts;
-  if (in.capsule != nullptr) {
-    const v1::DataBatch& d = in.capsule->data();
-    if (b < d.sequences_size() && !d.sequences(b).sample_id().empty()) {
-      f.set_sample_id(d.sequences(b).sample_id());
-      parts.push_back("id \"" + PrintableShort(d.sequences(b).sample_id(), 64) + "\"");
-    }
-    if (b < d.cursor().sample_indices_size()) {
-      f.set_dataset_index(d.cursor().sample_indices(b));
-      parts.push_back("dataset index " + std::to_string(d.cursor().sample_indices(b)));
-    }
-  }
-  for (size_t i = 0; i < parts.size(); ++i) name += (i == 0 ? " (" : ", ") + parts[i];
-  return parts.empty() ? name : name + ")";
-}
-
 // Per-sample FP64 cross-entropy of `logits` [B, C] against the labels.
 struct Samples {
   at::Tensor loss;          // [B] FP64, 0 where there is no target

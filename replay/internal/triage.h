@@ -45,6 +45,14 @@ struct TriageInput {
   const std::vector<ParameterGrad>* parameter_grads = nullptr;
 };
 
+// Adds a finding to `r` (a failed one makes the stage explain the step) and returns it.
+v1::Finding& AddFinding(v1::StageReport& r, const std::string& check, bool failed, double value,
+                        double threshold, std::string detail);
+
+// Names sample `b` in `f` (index, the trainer's sample id and dataset index when recorded) and
+// returns its name for a sentence.
+std::string NameSample(const TriageInput& in, int64_t b, v1::Finding& f);
+
 // A bad sample: at least this fraction of its target tokens have a loss of log V or more ...
 inline constexpr double kBadSampleUniformFraction = 0.5;
 // ... its mean token loss is at least this many nats above the median of the other samples ...
