@@ -195,20 +195,6 @@ StatusOr<ReadOptions> MakeLoadOptions(const TrustOptions& trust) {
 
 namespace {
 
-v1::Trust TrustOf(SignatureState s) {
-  switch (s) {
-    case SignatureState::kVerified:
-      return v1::TRUST_VERIFIED;
-    case SignatureState::kValidUnknownSigner:
-      return v1::TRUST_VALID_UNKNOWN_SIGNER;
-    case SignatureState::kNotChecked:
-      return v1::TRUST_NOT_CHECKED;
-    case SignatureState::kUnsigned:
-      return v1::TRUST_UNSIGNED;
-  }
-  return v1::TRUST_UNSPECIFIED;
-}
-
 // How far `trust` trusts a capsule whose envelope reads as `e` and whose content (once decoded) is
 // `c`: the one place the words of a `trust:` line are chosen.
 v1::InputTrust Judge(const std::string& file, const EnvelopeInfo& e, const v1::Capsule* c,

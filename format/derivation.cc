@@ -8,20 +8,6 @@
 namespace capsule {
 namespace {
 
-v1::Trust TrustOf(SignatureState s) {
-  switch (s) {
-    case SignatureState::kVerified:
-      return v1::TRUST_VERIFIED;
-    case SignatureState::kValidUnknownSigner:
-      return v1::TRUST_VALID_UNKNOWN_SIGNER;
-    case SignatureState::kNotChecked:
-      return v1::TRUST_NOT_CHECKED;
-    case SignatureState::kUnsigned:
-      return v1::TRUST_UNSIGNED;
-  }
-  return v1::TRUST_UNSPECIFIED;
-}
-
 // From the most trusted (0) to the least; what "least trusted" compares.
 int Rank(SignatureState s) {
   switch (s) {
@@ -38,6 +24,20 @@ int Rank(SignatureState s) {
 }
 
 }  // namespace
+
+v1::Trust TrustOf(SignatureState s) {
+  switch (s) {
+    case SignatureState::kVerified:
+      return v1::TRUST_VERIFIED;
+    case SignatureState::kValidUnknownSigner:
+      return v1::TRUST_VALID_UNKNOWN_SIGNER;
+    case SignatureState::kNotChecked:
+      return v1::TRUST_NOT_CHECKED;
+    case SignatureState::kUnsigned:
+      return v1::TRUST_UNSIGNED;
+  }
+  return v1::TRUST_UNSPECIFIED;
+}
 
 bool IsDerivationToolName(std::string_view tool) {
   if (tool.empty() || tool.size() > 32) return false;

@@ -44,6 +44,9 @@ Status RecordDerivation(const v1::Capsule& source, const EnvelopeInfo& source_en
                         std::string_view source_sha256, std::string_view tool,
                         int64_t now_unix_micros, v1::Capsule* out);
 
+// The Trust that records a signature state (Derivation.source_trust, InputTrust.signature).
+v1::Trust TrustOf(SignatureState s);
+
 // The signature state a derivation records for its source (kVerified: its maker trusted it).
 SignatureState SourceState(const v1::Derivation& d);
 
