@@ -367,7 +367,20 @@ StepReport Monitor::EndStep(const StepScalars& scalars) {
     lock.unlock();
     const AgreementResult a = distributed_->Agree(step, fired.kind, loss_ranks);
     lock.lock();
-    // A failed agreement already wrote its COLLECTIVE_ERROR capsule.
+    // A failed agreement already wrote its COLLECTIVE_ERROR capsule (when the Monitor could);
+    // the trainer hears of it here, in the report's status and summary.
+    if (a.ran && !a.status.ok()) {
+      const std::string failed = "the trigger agreement at step " + std::to_string(step) +
+                                 " failed (" + a.status.message() +
+                                 "): the ranks did not learn each other's triggers";
+      if (fired.kind == TriggerKind::kNone) {
+        StepReport r;
+        r.status = a.status;
+        r.summary = failed;
+        return r;
+      }
+      message = failed;
+    }
     if (a.ran && a.status.ok()) message = a.summary;
     if (a.ran && a.status.ok() && fired.kind == TriggerKind::kNone) {
       // What replay re-runs on this rank is its own step: its loss is the value to come back.

@@ -302,7 +302,9 @@ class Monitor {
   // Records the scalars and runs the triggers; captures when one fires. Call before the optimizer
   // updates the parameters. With an OptimizerProbe attached the capsule is built here (the step
   // re-run needs the parameters before the update) and written by OptimizerProbe::AfterStep, with
-  // the optimizer step in it: the report then says `pending`.
+  // the optimizer step in it: the report then says `pending`. With a Distributed attached, a
+  // trigger agreement that failed (a dead or hung peer) is in the report's status (kUnavailable)
+  // and summary, whether or not this rank fired.
   StepReport EndStep(const StepScalars& scalars);
 
   // Captures the current step (after BeginStep) now, with trigger MANUAL and `reason`.

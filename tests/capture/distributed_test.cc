@@ -3,11 +3,14 @@
 #include "capsule/capture/distributed.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -15,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <vector>
 
+#include "capsule/capture/monitor.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {
@@ -37,10 +41,12 @@ TEST(Checksum64Test, EveryBitOfEveryByteChangesIt) {
 }
 
 // Runs `body(rank, distributed)` on two ranks at once, each on its own thread and process group.
-// `before_create`, when given, runs on each rank's group before Distributed::Create.
+// `before_create`, when given, runs on each rank's group before Distributed::Create; `handles`,
+// when given, holds each rank's Distributed while its body runs (for Monitor::AttachDistributed).
 void TwoRanks(const std::function<void(int, Distributed&)>& body, double watchdog_seconds = 0,
               std::vector<std::vector<std::pair<TriggerKind, std::string>>>* incidents = nullptr,
-              const std::function<void(int, c10d::ProcessGroupGloo&)>& before_create = nullptr) {
+              const std::function<void(int, c10d::ProcessGroupGloo&)>& before_create = nullptr,
+              std::vector<std::shared_ptr<Distributed>>* handles = nullptr) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mu;
   std::vector<std::string> errors;
@@ -64,7 +70,9 @@ void TwoRanks(const std::function<void(int, Distributed&)>& body, double watchdo
           return true;
         });
       }
+      if (handles != nullptr) (*handles)[rank] = *dist;
       body(rank, **dist);
+      if (handles != nullptr) (*handles)[rank].reset();
       (*dist)->SetIncidentHandler(nullptr);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mu);
@@ -170,6 +178,41 @@ TEST(DistributedTest, ASequenceNumberTheTrainerSetIsKeptNotDrawnAgain) {
   EXPECT_EQ(before[0], before[1]);
   EXPECT_EQ(base[0], before[0]);
   EXPECT_EQ(base[1], before[1]);
+}
+
+TEST(DistributedTest, AFailedAgreementIsInTheStepReportNotAnEmptyOne) {
+  // Rank 1 leaves right after Create; rank 0's EndStep agreement fails. The report said nothing.
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("capsule-agree-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::vector<std::shared_ptr<Distributed>> handles(2);
+  StepReport report;
+  TwoRanks(
+      [&](int rank, Distributed&) {
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          return;  // its group closes: a dead peer
+        }
+        MonitorOptions o;
+        o.capsule_dir = dir;
+        o.log_sink = [](const std::string&) {};
+        Monitor m(o);
+        m.AttachDistributed(handles[0]);
+        std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        StepBatch b;
+        b.tensors.input_ids = at::zeros({1, 2}, at::kLong);
+        m.BeginStep(0, {}, b);
+        StepScalars s;
+        s.loss = 1.0;
+        report = m.EndStep(s);
+        m.AttachDistributed(nullptr);
+      },
+      0, nullptr, nullptr, &handles);
+  std::filesystem::remove_all(dir);
+  EXPECT_FALSE(report.triggered);
+  EXPECT_EQ(report.status.code(), StatusCode::kUnavailable) << report.status;
+  EXPECT_NE(report.summary.find("the trigger agreement at step 0 failed"), std::string::npos)
+      << report.summary;
 }
 
 TEST(DistributedTest, ASumWhereTheLossNeedsAMeanIsCaught) {
