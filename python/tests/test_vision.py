@@ -21,10 +21,7 @@ sys.path.insert(0, str(HERE))
 import vision_models  # noqa: E402
 
 
-def batch(seed=1, n=4):
-    g = torch.Generator().manual_seed(seed)
-    return {"inputs": torch.randn(n, 3, 32, 32, generator=g),
-            "labels": torch.randint(0, 10, (n,), generator=g)}
+batch = vision_models.batch
 
 
 def capture(tmp_path, keys, config, steps=2, eval_mode=False, monitor_args=None):

@@ -45,7 +45,7 @@ def capture_step(tmp_path, keys, config, b, trainer_loss_times=1.0):
 
 
 def classification_batch(**declared):
-    return dict(batch(), objective="classification", **declared)
+    return batch(objective="classification", **declared)
 
 
 @pytest.mark.parametrize("arch", ["resnet18", "vit"])

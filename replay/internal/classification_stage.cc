@@ -49,14 +49,6 @@ std::string Unsupported(const TriageInput& in) {
   return "";
 }
 
-bool StartStage(v1::Stage stage, const TriageInput& in, v1::StageReport* r) {
-  r->set_stage(stage);
-  const std::string why = Unsupported(in);
-  r->set_skipped_reason(why);
-  r->set_ran(why.empty());
-  return why.empty();
-}
-
 // Per-sample FP64 cross-entropy of `logits` [B, C] against the labels.
 struct Samples {
   at::Tensor loss;          // [B] FP64, 0 where there is no target
@@ -243,7 +235,7 @@ bool IsClassificationBatch(const TriageInput& in) {
 
 v1::StageReport RunClassificationDataStage(const TriageInput& in) {
   v1::StageReport r;
-  if (!StartStage(v1::STAGE_DATA, in, &r)) return r;
+  if (!StartStage(v1::STAGE_DATA, Unsupported(in), &r)) return r;
   NonFiniteInputs(in, r);
   const Samples s = Score(in.logits, in.batch->labels, IgnoreIndex(in), Smoothing(in));
   OutOfRange(in, s, r);
@@ -272,7 +264,7 @@ v1::StageReport RunClassificationDataStage(const TriageInput& in) {
 
 v1::StageReport RunClassificationObjectiveStage(const TriageInput& in) {
   v1::StageReport r;
-  if (!StartStage(v1::STAGE_OBJECTIVE, in, &r)) return r;
+  if (!StartStage(v1::STAGE_OBJECTIVE, Unsupported(in), &r)) return r;
   const Samples s = Score(in.logits, in.batch->labels, IgnoreIndex(in), Smoothing(in));
   if (s.count == 0) {
     r.set_skipped_reason("the batch has no sample with a target");

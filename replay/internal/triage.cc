@@ -85,15 +85,6 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// A report for `stage`; false (and the reason recorded) when the batch cannot be judged.
-bool StartStage(v1::Stage stage, const TriageInput& in, v1::StageReport* r) {
-  r->set_stage(stage);
-  const std::string why = Unsupported(in);
-  r->set_skipped_reason(why);
-  r->set_ran(why.empty());
-  return why.empty();
-}
-
 // Per-sample counts of the data stage over its real target tokens.
 struct SampleStats {
   std::vector<int64_t> n, oov;     // target tokens; labels outside the vocabulary
@@ -276,30 +267,32 @@ void CheckLabelShift(const TriageInput& in, v1::StageReport& r) {
                    std::to_string(declared + kMaxLabelShift) + " tried); " + declared_text);
 }
 
+// Targets in the loss that fall where `on` is set: a failed `check` when any does. `what`
+// finishes the sentence "N of the M target tokens ..."; `none` is the sentence when none does.
+void CheckTargetsOn(const Tokens& t, const at::Tensor& on, const std::string& check,
+                    const std::string& what, const std::string& none, v1::StageReport& r) {
+  const double n_valid = t.valid.sum().item<double>();
+  const double n = t.valid.logical_and(on).sum().item<double>();
+  AddFinding(r, check, n > 0, n, 0,
+             n > 0 ? Num(n) + " of the " + Num(n_valid) + " target tokens " + what : none);
+}
+
 // Padding that carries a target: the loss learns to predict from pad positions.
 void CheckPaddingInLoss(const TriageInput& in, const Tokens& t, v1::StageReport& r) {
   if (!in.batch->attention_mask.defined()) return;
-  const double n_valid = t.valid.sum().item<double>();
-  const double n_pad = t.valid.logical_and(t.padded).sum().item<double>();
-  AddFinding(r, "objective.padding_in_loss", n_pad > 0, n_pad, 0,
-             n_pad > 0 ? Num(n_pad) + " of the " + Num(n_valid) +
-                             " target tokens are predicted from padding (attention_mask 0): "
-                             "padding is counted in the loss; its labels should be -100 or "
-                             "its loss mask 0"
-                       : "no target token is predicted from padding");
+  CheckTargetsOn(t, t.padded, "objective.padding_in_loss",
+                 "are predicted from padding (attention_mask 0): padding is counted in the loss; "
+                 "its labels should be -100 or its loss mask 0",
+                 "no target token is predicted from padding", r);
 }
 
 // With a declared response mask, a target on a prompt token: the loss trains on the prompt.
 void CheckPromptInLoss(const Tokens& t, v1::StageReport& r) {
   if (!t.prompt.defined()) return;
-  const double n_valid = t.valid.sum().item<double>();
-  const double n_prompt = t.valid.logical_and(t.prompt).sum().item<double>();
-  AddFinding(r, "objective.prompt_in_loss", n_prompt > 0, n_prompt, 0,
-             n_prompt > 0 ? Num(n_prompt) + " of the " + Num(n_valid) +
-                                " target tokens are prompt tokens (response_mask 0): the loss "
-                                "covers the prompt; their labels should be -100 or their loss "
-                                "mask 0"
-                          : "no target token is a prompt token (response_mask 0)");
+  CheckTargetsOn(t, t.prompt, "objective.prompt_in_loss",
+                 "are prompt tokens (response_mask 0): the loss covers the prompt; their labels "
+                 "should be -100 or their loss mask 0",
+                 "no target token is a prompt token (response_mask 0)", r);
 }
 
 double RelErr(double a, double b) {
@@ -660,6 +653,13 @@ void CheckDisconnected(const std::vector<ParameterGrad>& grads, v1::StageReport&
 
 }  // namespace
 
+bool StartStage(v1::Stage stage, const std::string& unsupported, v1::StageReport* r) {
+  r->set_stage(stage);
+  r->set_skipped_reason(unsupported);
+  r->set_ran(unsupported.empty());
+  return unsupported.empty();
+}
+
 v1::Finding& AddFinding(v1::StageReport& r, const std::string& check, bool failed, double value,
                         double threshold, std::string detail) {
   v1::Finding& f = *r.add_findings();
@@ -694,7 +694,7 @@ std::string NameSample(const TriageInput& in, int64_t b, v1::Finding& f) {
 v1::StageReport RunDataStage(const TriageInput& in) {
   if (IsClassificationBatch(in)) return RunClassificationDataStage(in);
   v1::StageReport r;
-  if (!StartStage(v1::STAGE_DATA, in, &r)) return r;
+  if (!StartStage(v1::STAGE_DATA, Unsupported(in), &r)) return r;
   Tokens t = Align(in, in.batch->labels_shifted);
   // The data stage judges the real tokens: targets predicted from padding are the objective's
   // business (objective.padding_in_loss).
@@ -710,7 +710,7 @@ v1::StageReport RunDataStage(const TriageInput& in) {
 v1::StageReport RunObjectiveStage(const TriageInput& in) {
   if (IsClassificationBatch(in)) return RunClassificationObjectiveStage(in);
   v1::StageReport r;
-  if (!StartStage(v1::STAGE_OBJECTIVE, in, &r)) return r;
+  if (!StartStage(v1::STAGE_OBJECTIVE, Unsupported(in), &r)) return r;
   const Tokens t = Align(in, in.batch->labels_shifted);
   const at::Tensor valid_loss = t.loss.masked_select(t.valid);
   if (!valid_loss.isfinite().all().item<bool>()) {

@@ -45,6 +45,10 @@ struct TriageInput {
   const std::vector<ParameterGrad>* parameter_grads = nullptr;
 };
 
+// Starts `r` as a report of `stage`: it runs when `unsupported` (why the batch cannot be judged)
+// is empty, and is skipped with that reason otherwise. Returns whether it runs.
+bool StartStage(v1::Stage stage, const std::string& unsupported, v1::StageReport* r);
+
 // Adds a finding to `r` (a failed one makes the stage explain the step) and returns it.
 v1::Finding& AddFinding(v1::StageReport& r, const std::string& check, bool failed, double value,
                         double threshold, std::string detail);
