@@ -21,9 +21,8 @@
 namespace capsule::cli {
 namespace {
 
-// Every line goes through PrintableLine: layer names, warnings, findings, file names and the
-// commands quote the capsule, its file name or the model.
-void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
+// The diagnosis, fidelity, loss, warnings and each triage stage.
+void PrintSummary(const v1::ReplayReport& r, std::ostream& out) {
   using Line = PrintableLine;
   Line(out) << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text();
   Line(out) << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail()
@@ -50,6 +49,10 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       Line(out) << "  " << (f.failed() ? "FAIL " : "ok   ") << f.check() << ": " << f.detail();
     }
   }
+}
+
+void PrintLayerTable(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   // Each row shows the bound applied to it (atol + rtol*|ref|, atol already scaled for gradients)
   // and the worst error as a multiple of it: above 1 fails. A relative error alone misleads on a
   // near-zero reference.
@@ -72,6 +75,11 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
               << Pad(FormatSignificant(l.worst_ratio(), 3), 13)
               << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict;
   }
+}
+
+// The forward and backward layer bisects, each with its probes.
+void PrintBisects(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   for (const v1::BisectReport* b : {r.has_bisect() ? &r.bisect() : nullptr,
                                     r.has_backward_bisect() ? &r.backward_bisect() : nullptr}) {
     if (b == nullptr) continue;
@@ -95,6 +103,10 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
                 << p.nonfinite_mismatch();
     }
   }
+}
+
+void PrintFeatureBisect(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   if (r.has_features()) {
     const v1::FeatureBisectReport& f = r.features();
     auto join = [](const auto& names) {
@@ -130,6 +142,10 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
                 << FormatSignificant(p.max_rel_err(), 3);
     }
   }
+}
+
+void PrintRepeat(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   if (r.has_repeat()) {
     const v1::RepeatReport& rep = r.repeat();
     Line{out};
@@ -146,6 +162,11 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
     }
     if (rep.spreads_size() > 16) Line(out) << "  ... " << rep.spreads_size() - 16 << " more";
   }
+}
+
+// The command that replays the capsule, and the extracts of the first divergent layer.
+void PrintCommands(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   if (!r.replay_command().empty()) {
     Line{out};
     Line(out) << "replay: " << r.replay_command();
@@ -154,6 +175,17 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
     Line(out) << "next: the first divergent layer alone (an extract replays just that layer):";
     for (const auto& c : r.next_commands()) Line(out) << "  " << c;
   }
+}
+
+// Every line goes through PrintableLine: layer names, warnings, findings, file names and the
+// commands quote the capsule, its file name or the model.
+void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
+  PrintSummary(r, out);
+  PrintLayerTable(r, out);
+  PrintBisects(r, out);
+  PrintFeatureBisect(r, out);
+  PrintRepeat(r, out);
+  PrintCommands(r, out);
 }
 
 // Parses "NAME=ATOL,RTOL".
