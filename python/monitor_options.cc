@@ -3,10 +3,10 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
-#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "capsule/python/py_errors.h"
@@ -60,69 +60,96 @@ std::optional<double> SpikeThresholdFor(const std::vector<double>& recent, const
   return SpikeThreshold(recent, ParseSpikeRule(rule, base));
 }
 
+// A field whose Python value pybind11 casts to the field's own type.
+template <auto Field>
+void SetField(MonitorOptions& o, const py::handle& v) {
+  using T = std::remove_reference_t<decltype(o.*Field)>;
+  o.*Field = v.cast<T>();
+}
+
+void SetWeightPolicy(MonitorOptions& o, const py::handle& v) {
+  o.weight_policy = ParseWeightPolicy(v.cast<std::string>());
+}
+
+void SetLossSpike(MonitorOptions& o, const py::handle& v) {
+  o.loss_spike = ParseSpikeRule(v, o.loss_spike);
+}
+
+void SetGradNormSpike(MonitorOptions& o, const py::handle& v) {
+  o.grad_norm_spike = ParseSpikeRule(v, o.grad_norm_spike);
+}
+
+void SetLogSink(MonitorOptions& o, const py::handle& v) {
+  py::function f = v.cast<py::function>();
+  o.log_sink = [f](const std::string& line) {
+    py::gil_scoped_acquire gil;
+    CallPython("the log sink", AfterInterrupt::kRun, [&] { f(line); });
+  };
+}
+
+// One row per MonitorOptions field (capture/monitor.h, the one declaration): the Python keyword,
+// the field's name, and how a Python value sets it. A row naming a field the struct lacks does not
+// compile; python/tests/test_monitor_options.py fails when the struct has a field no row names.
+struct OptionRow {
+  const char* keyword;
+  const char* field;
+  void (*set)(MonitorOptions&, const py::handle&);
+};
+
+#define CAPSULE_FIELD(name) #name, &SetField < &MonitorOptions::name>
+constexpr OptionRow kOptionRows[] = {
+    {"capsule_dir", CAPSULE_FIELD(capsule_dir)},
+    {"signing_key", CAPSULE_FIELD(signing_key_path)},
+    {"run_name", CAPSULE_FIELD(run_name)},
+    {"max_capsules", CAPSULE_FIELD(max_capsules)},
+    {"min_steps_between_same_kind", CAPSULE_FIELD(min_steps_between_same_kind)},
+    {"weight_policy", "weight_policy", &SetWeightPolicy},
+    {"max_weight_bytes", CAPSULE_FIELD(max_weight_bytes)},
+    {"weights_checkpoint", CAPSULE_FIELD(weights_checkpoint)},
+    {"history_length", CAPSULE_FIELD(history_length)},
+    {"log_lines", CAPSULE_FIELD(log_lines)},
+    {"trigger_non_finite_loss", CAPSULE_FIELD(trigger_non_finite_loss)},
+    {"trigger_non_finite_grad", CAPSULE_FIELD(trigger_non_finite_grad)},
+    {"trigger_loss_spike", CAPSULE_FIELD(trigger_loss_spike)},
+    {"trigger_grad_norm_spike", CAPSULE_FIELD(trigger_grad_norm_spike)},
+    {"loss_spike", "loss_spike", &SetLossSpike},
+    {"grad_norm_spike", "grad_norm_spike", &SetGradNormSpike},
+    {"background_write", CAPSULE_FIELD(background_write)},
+    {"background_queue_depth", CAPSULE_FIELD(background_queue_depth)},
+    {"background_signal_wait_seconds", CAPSULE_FIELD(background_signal_wait_seconds)},
+    {"rerun", CAPSULE_FIELD(rerun)},
+    {"declared_frozen", CAPSULE_FIELD(declared_frozen)},
+    {"rank", CAPSULE_FIELD(rank)},
+    {"world_size", CAPSULE_FIELD(world_size)},
+    {"local_rank", CAPSULE_FIELD(local_rank)},
+    {"device", CAPSULE_FIELD(device)},
+    {"annotations", CAPSULE_FIELD(annotations)},
+    {"log_sink", "log_sink", &SetLogSink},
+};
+#undef CAPSULE_FIELD
+
 }  // namespace
 
-// The Python Monitor's keyword options, one for each MonitorOptions field (capture/monitor.h),
-// with the same defaults. An unknown name is refused rather than ignored.
 MonitorOptions OptionsFrom(const py::kwargs& kw) {
   MonitorOptions o;
-  using Setter = std::function<void(const py::handle&)>;
-  const std::map<std::string, Setter> setters = {
-      {"capsule_dir", [&](const py::handle& v) { o.capsule_dir = v.cast<std::string>(); }},
-      {"signing_key", [&](const py::handle& v) { o.signing_key_path = v.cast<std::string>(); }},
-      {"run_name", [&](const py::handle& v) { o.run_name = v.cast<std::string>(); }},
-      {"max_capsules", [&](const py::handle& v) { o.max_capsules = v.cast<int>(); }},
-      {"min_steps_between_same_kind",
-       [&](const py::handle& v) { o.min_steps_between_same_kind = v.cast<int64_t>(); }},
-      {"weight_policy",
-       [&](const py::handle& v) { o.weight_policy = ParseWeightPolicy(v.cast<std::string>()); }},
-      {"max_weight_bytes", [&](const py::handle& v) { o.max_weight_bytes = v.cast<uint64_t>(); }},
-      {"weights_checkpoint",
-       [&](const py::handle& v) { o.weights_checkpoint = v.cast<std::string>(); }},
-      {"history_length", [&](const py::handle& v) { o.history_length = v.cast<int>(); }},
-      {"log_lines", [&](const py::handle& v) { o.log_lines = v.cast<int>(); }},
-      {"trigger_non_finite_loss",
-       [&](const py::handle& v) { o.trigger_non_finite_loss = v.cast<bool>(); }},
-      {"trigger_non_finite_grad",
-       [&](const py::handle& v) { o.trigger_non_finite_grad = v.cast<bool>(); }},
-      {"trigger_loss_spike", [&](const py::handle& v) { o.trigger_loss_spike = v.cast<bool>(); }},
-      {"trigger_grad_norm_spike",
-       [&](const py::handle& v) { o.trigger_grad_norm_spike = v.cast<bool>(); }},
-      {"loss_spike", [&](const py::handle& v) { o.loss_spike = ParseSpikeRule(v, o.loss_spike); }},
-      {"grad_norm_spike",
-       [&](const py::handle& v) { o.grad_norm_spike = ParseSpikeRule(v, o.grad_norm_spike); }},
-      {"rerun", [&](const py::handle& v) { o.rerun = v.cast<bool>(); }},
-      {"declared_frozen",
-       [&](const py::handle& v) { o.declared_frozen = v.cast<std::vector<std::string>>(); }},
-      {"background_write", [&](const py::handle& v) { o.background_write = v.cast<bool>(); }},
-      {"background_queue_depth",
-       [&](const py::handle& v) { o.background_queue_depth = v.cast<int>(); }},
-      {"rank", [&](const py::handle& v) { o.rank = v.cast<int>(); }},
-      {"world_size", [&](const py::handle& v) { o.world_size = v.cast<int>(); }},
-      {"local_rank", [&](const py::handle& v) { o.local_rank = v.cast<int>(); }},
-      {"device", [&](const py::handle& v) { o.device = v.cast<std::string>(); }},
-      {"annotations",
-       [&](const py::handle& v) { o.annotations = v.cast<std::map<std::string, std::string>>(); }},
-      {"log_sink",
-       [&](const py::handle& v) {
-         py::function f = v.cast<py::function>();
-         o.log_sink = [f](const std::string& line) {
-           py::gil_scoped_acquire gil;
-           CallPython("the log sink", AfterInterrupt::kRun, [&] { f(line); });
-         };
-       }},
-  };
   for (const auto& [k, v] : kw) {
     const std::string key = k.cast<std::string>();
-    auto it = setters.find(key);
-    if (it == setters.end()) throw py::type_error("Monitor: unknown option '" + key + "'");
-    it->second(v);
+    const OptionRow* row = nullptr;
+    for (const OptionRow& r : kOptionRows) {
+      if (key == r.keyword) row = &r;
+    }
+    if (row == nullptr) throw py::type_error("Monitor: unknown option '" + key + "'");
+    row->set(o, v);
   }
   return o;
 }
 
 void BindMonitorOptions(py::module_& m) {
   m.def("spike_threshold", &SpikeThresholdFor, py::arg("recent"), py::arg("kind"), py::arg("rule"));
+  // ((keyword, field), ...) in MonitorOptions' order: what capsule.Monitor takes and documents.
+  py::list rows;
+  for (const OptionRow& r : kOptionRows) rows.append(py::make_tuple(r.keyword, r.field));
+  m.attr("MONITOR_OPTIONS") = py::tuple(rows);
 }
 
 }  // namespace capsule::python

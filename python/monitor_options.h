@@ -18,7 +18,8 @@ namespace py = pybind11;
 // The options the keywords set; an unknown name is refused rather than ignored.
 MonitorOptions OptionsFrom(const py::kwargs& kw);
 
-// Binds `spike_threshold(recent, kind, rule)`: the Monitor's spike rule on a series.
+// Binds `spike_threshold(recent, kind, rule)`, the Monitor's spike rule on a series, and
+// `MONITOR_OPTIONS`: ((keyword, MonitorOptions field), ...), one row per field in its order.
 void BindMonitorOptions(py::module_& m);
 
 }  // namespace capsule::python
