@@ -1,5 +1,4 @@
 // capsule stress FILE --layer NAME: the layer's two paths over generated inputs (replay/stress.h).
-#include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"
+#include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/stress.h"
@@ -57,13 +57,7 @@ int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
   report->set_capsule(o.file);
   *report->mutable_trust() = loaded->trust;
   if (o.json) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions jo;
-    jo.add_whitespace = true;
-    jo.preserve_proto_field_names = true;
-    jo.always_print_primitive_fields = true;  // "diverged": false is a result too
-    (void)google::protobuf::util::MessageToJsonString(*report, &json, jo);
-    std::cout << json;
+    std::cout << MessageToJson(*report) << "\n";
   } else {
     // Layer and case names, notes and errors quote the capsule or the model: one PrintableLine
     // per line.
