@@ -536,7 +536,7 @@ def _not_captured(optimizer):
 
 
 def _optimizer_state(optimizer, named):
-    """What the C++ probe reads of a torch.optim optimizer (python/capsule_py.cc,
+    """What the C++ probe reads of a torch.optim optimizer (python/py_monitor.cc,
     OptimizerStateFrom)."""
     kind, cls = _optimizer_kind(optimizer)
     groups, group_of = [], {}
