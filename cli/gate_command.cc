@@ -1,3 +1,5 @@
+#include "capsule/cli/gate_command.h"
+
 // capsule gate DIR: the regression gate (replay/gate.h) over a folder of capsules.
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/json.h"

@@ -1,3 +1,4 @@
+#include "capsule/cli/inspect_command.h"
 
 #include <iostream>
 #include <sstream>
@@ -6,7 +7,6 @@
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/json.h"
@@ -52,8 +52,10 @@ int RunInspectCommand(const InspectOptions& options) {
   // Without --pubkey the user asked to look, not to trust: every signed capsule is shown, with
   // its trust stated.
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded = LoadCapsule(options.file, options.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input =
+      OpenCommandInput({options.file, options.trust, "", nullptr}, &rc);
+  if (!input) return rc;
+  LoadedCapsule* loaded = &input->capsule;
   DecodedCapsule* decoded = &loaded->decoded;
   if (!options.json) {
     std::cout << RenderInspectSummary(options.file, *decoded);

@@ -1,3 +1,5 @@
+#include "capsule/cli/replay_command.h"
+
 #include <unistd.h>
 
 #include <iostream>
@@ -8,7 +10,6 @@
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"
 #include "capsule/format/capsule_reader.h"
@@ -282,9 +283,10 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   options.progress = ProgressLine("replay");  // null unless standard error is a terminal
 
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input =
+      OpenCommandInput({o.file, o.trust, "", PluginModels(o.plugins, registry)}, &rc);
+  if (!input) return rc;
+  const LoadedCapsule* loaded = &input->capsule;
   auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
   if (options.progress) ClearProgressLine();
   if (!report.ok()) {

@@ -1,3 +1,5 @@
+#include "capsule/cli/stress_command.h"
+
 // capsule stress FILE --layer NAME: the layer's two paths over generated inputs (replay/stress.h).
 #include <unistd.h>
 
@@ -10,7 +12,6 @@
 #include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"
 #include "capsule/format/json.h"
@@ -38,9 +39,10 @@ void SetupStressCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
 
 int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input =
+      OpenCommandInput({o.file, o.trust, "", PluginModels(o.plugins, registry)}, &rc);
+  if (!input) return rc;
+  const LoadedCapsule* loaded = &input->capsule;
   StressOptions options;
   options.layer = o.layer;
   options.force = o.force;
