@@ -6,9 +6,21 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "capsule/cli/commands.h"
+#include "capsule/cli/command.h"
 #include "capsule/cli/common.h"
+#include "capsule/cli/diff_command.h"
+#include "capsule/cli/extract_command.h"
+#include "capsule/cli/gate_command.h"
+#include "capsule/cli/inspect_command.h"
+#include "capsule/cli/keygen_command.h"
+#include "capsule/cli/minimize_command.h"
 #include "capsule/cli/printable_stream.h"
+#include "capsule/cli/redact_command.h"
+#include "capsule/cli/replay_command.h"
+#include "capsule/cli/report_command.h"
+#include "capsule/cli/stress_command.h"
+#include "capsule/cli/triage_command.h"
+#include "capsule/cli/verify_command.h"
 #include "capsule/format/version.h"
 #ifdef CAPSULE_WITH_TORCH
 #include "capsule/replay/model_registry.h"

@@ -10,7 +10,7 @@
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
+#include "capsule/cli/command.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/derivation.h"
 #include "capsule/format/envelope.h"
@@ -341,6 +341,29 @@ std::optional<LoadedCapsule> LoadCapsule(const std::string& file, const TrustOpt
   }
   PrintTrustLine(loaded->trust);
   return std::move(*loaded);
+}
+
+std::optional<CommandInput> OpenCommandInput(const InputRequest& request, int* exit_code) {
+  *exit_code = kExitError;
+  CommandInput input;
+  if (!request.key.empty()) {
+    auto key = LoadPrivateKeyFile(request.key);
+    if (!key.ok()) {
+      PrintError(key.status().WithContext("--key"));
+      return std::nullopt;
+    }
+    input.key = std::move(*key);
+  }
+  if (request.load_models) {
+    if (Status s = request.load_models(); !s.ok()) {
+      PrintError(s);
+      return std::nullopt;
+    }
+  }
+  std::optional<LoadedCapsule> loaded = LoadCapsule(request.file, request.trust, exit_code);
+  if (!loaded) return std::nullopt;
+  input.capsule = std::move(*loaded);
+  return input;
 }
 
 StatusOr<std::string> EncodeDerived(const LoadedCapsule& source, std::string_view tool,

@@ -4,6 +4,7 @@
 #define CAPSULE_CLI_COMMON_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -11,7 +12,7 @@
 
 #include "capsule/base/status.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
+#include "capsule/cli/command.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/signing.h"
 #include "capsule/proto/report.pb.h"
@@ -99,12 +100,32 @@ void PrintTrustLine(const v1::InputTrust& trust);
 std::optional<LoadedCapsule> LoadCapsule(const std::string& file, const TrustOptions& trust,
                                          int* exit_code);
 
+// What a command that reads one capsule asks for before it works on it.
+struct InputRequest {
+  std::string file;
+  TrustOptions trust;
+  std::string key;  // --key: the private key the command signs its output with; empty: none
+  // Registers the models the command re-runs (capsule-torch: its --plugin libraries); null: none.
+  std::function<Status()> load_models;
+};
+
+// What the shared preamble hands a command: the capsule, read and judged, and the signing key
+// when the request named one.
+struct CommandInput {
+  LoadedCapsule capsule;
+  std::optional<PrivateKey> key;
+};
+
+// The preamble every command that reads one capsule starts with, in this order, so that a bad key
+// or plugin is refused before any capsule is read: loads the key, registers the models, then
+// reads `file` as LoadCapsule does (its trust line printed). On failure prints why and returns
+// nullopt with *exit_code set.
+std::optional<CommandInput> OpenCommandInput(const InputRequest& request, int* exit_code);
+
 #ifdef CAPSULE_WITH_TORCH
-// What every command that re-runs a model starts with: loads the plugins named, then reads `file`
-// as LoadCapsule does. On failure prints why and returns nullopt with *exit_code set.
-std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string>& plugins,
-                                                   ModelRegistry& registry, const std::string& file,
-                                                   const TrustOptions& trust, int* exit_code);
+// InputRequest::load_models for the plugins a command was given.
+std::function<Status()> PluginModels(const std::vector<std::string>& plugins,
+                                     ModelRegistry& registry);
 #endif
 
 // Encodes `out`, made by `tool` ("redact", "extract", "minimize") from `source`, signed with

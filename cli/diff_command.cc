@@ -1,7 +1,8 @@
+#include "capsule/cli/diff_command.h"
+
 #include <iostream>
 
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/proto/capsule.pb.h"
@@ -24,13 +25,14 @@ int RunDiffCommand(const DiffCliOptions& o) {
   // A capsule that cannot be read, or is not trusted, is its exit status (2, 3, 4), never 1.
   // "Equivalent" is said of two capsules the user trusts, or chose to use anyway.
   int rc = kExitError;
-  auto a = LoadCapsule(o.a, o.trust, &rc);
+  std::optional<CommandInput> a = OpenCommandInput({o.a, o.trust, "", nullptr}, &rc);
   if (!a) return rc;
-  auto b = LoadCapsule(o.b, o.trust, &rc);
+  std::optional<CommandInput> b = OpenCommandInput({o.b, o.trust, "", nullptr}, &rc);
   if (!b) return rc;
   const std::vector<CapsuleDifference> diff =
-      DiffCapsules(*a->decoded.capsule, *b->decoded.capsule);
-  std::cout << (o.json ? RenderDiffJson(diff, &a->trust, &b->trust) : RenderDiffTable(diff));
+      DiffCapsules(*a->capsule.decoded.capsule, *b->capsule.decoded.capsule);
+  std::cout << (o.json ? RenderDiffJson(diff, &a->capsule.trust, &b->capsule.trust)
+                       : RenderDiffTable(diff));
   return diff.empty() ? kExitOk : kExitFinding;
 }
 

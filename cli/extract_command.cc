@@ -1,10 +1,11 @@
+#include "capsule/cli/extract_command.h"
+
 #include <iostream>
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
@@ -33,15 +34,11 @@ void SetupExtractCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
 }
 
 int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
-  auto key = LoadPrivateKeyFile(o.key);
-  if (!key.ok()) {
-    PrintError(key.status().WithContext("--key"));
-    return kExitError;
-  }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input =
+      OpenCommandInput({o.file, o.trust, o.key, PluginModels(o.plugins, registry)}, &rc);
+  if (!input) return rc;
+  const LoadedCapsule* loaded = &input->capsule;
   auto extract = ExtractLayer(*loaded->decoded.capsule, registry, {o.layer, loaded->sha256});
   if (!extract.ok()) {
     PrintError(extract.status(),
@@ -49,7 +46,7 @@ int RunExtractCommand(const ExtractCliOptions& o, ModelRegistry& registry) {
     return kExitError;
   }
   auto bytes =
-      EncodeDerived(*loaded, "extract", *key,
+      EncodeDerived(*loaded, "extract", *input->key,
                     kOptionalFlagExtract |
                         (loaded->decoded.envelope.header.optional_flags & kOptionalFlagRedacted),
                     &*extract);

@@ -1,5 +1,6 @@
+#include "capsule/cli/gate_command.h"
+
 // capsule gate DIR: the regression gate (replay/gate.h) over a folder of capsules.
-#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -9,9 +10,9 @@
 #include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/gate.h"
@@ -86,13 +87,7 @@ int RunGateCommand(const GateCliOptions& o, ModelRegistry& registry) {
     }
   }
   if (o.json) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions jo;
-    jo.add_whitespace = true;
-    jo.preserve_proto_field_names = true;
-    jo.always_print_primitive_fields = true;  // "passed": false is the point of a failed row
-    (void)google::protobuf::util::MessageToJsonString(gate, &json, jo);
-    std::cout << json;
+    std::cout << MessageToJson(gate) << "\n";
   } else {
     // File names, verdicts and errors quote the capsules: each row is one PrintableLine.
     PrintableLine(std::cout) << Pad("capsule", 44) << Pad("result", 8) << Pad("recorded", 30)

@@ -1,4 +1,4 @@
-#include <google/protobuf/util/json_util.h>
+#include "capsule/cli/inspect_command.h"
 
 #include <iostream>
 #include <sstream>
@@ -7,9 +7,9 @@
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
+#include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/report/inspect_text.h"
 
@@ -52,8 +52,10 @@ int RunInspectCommand(const InspectOptions& options) {
   // Without --pubkey the user asked to look, not to trust: every signed capsule is shown, with
   // its trust stated.
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded = LoadCapsule(options.file, options.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input =
+      OpenCommandInput({options.file, options.trust, "", nullptr}, &rc);
+  if (!input) return rc;
+  LoadedCapsule* loaded = &input->capsule;
   DecodedCapsule* decoded = &loaded->decoded;
   if (!options.json) {
     std::cout << RenderInspectSummary(options.file, *decoded);
@@ -63,19 +65,10 @@ int RunInspectCommand(const InspectOptions& options) {
   if (!options.full) {
     for (auto& t : *c.mutable_tensors()) t.clear_data();  // sha256 and meta still identify them
   }
-  google::protobuf::util::JsonPrintOptions jopts;
-  jopts.preserve_proto_field_names = true;
-  std::string body;
-  auto st = google::protobuf::util::MessageToJsonString(c, &body, jopts);
-  if (!st.ok()) {
-    std::cerr << "capsule: cannot render JSON: " << st.ToString() << "\n";
-    return kExitError;
-  }
+  const std::string body = MessageToJson(c, JsonDefaults::kOmitted);
   // Splice the envelope, with how far this reading trusts the capsule, in as the first member of
   // the capsule's own object.
-  std::string trust;
-  jopts.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(loaded->trust, &trust, jopts);
+  const std::string trust = MessageToJson(loaded->trust);
   std::string envelope = EnvelopeJson(decoded->envelope);
   envelope.insert(envelope.size() - 1, ",\"trust\":" + trust);
   std::string out = "{\"envelope\":" + envelope;

@@ -1,8 +1,9 @@
+#include "capsule/cli/keygen_command.h"
+
 #include <iostream>
 
 #include "capsule/base/printable.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/signing.h"
 

@@ -1,3 +1,5 @@
+#include "capsule/cli/minimize_command.h"
+
 // capsule minimize FILE -o SMALL --key KEY: the smallest batch that still fails alike
 // (replay/minimize.h), signed and written.
 #include <unistd.h>
@@ -8,7 +10,6 @@
 #include "capsule/base/printable.h"
 #include "capsule/base/printable_line.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"
 #include "capsule/format/capsule_reader.h"
@@ -38,15 +39,11 @@ void SetupMinimizeCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
 }
 
 int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
-  auto key = LoadPrivateKeyFile(o.key);
-  if (!key.ok()) {
-    PrintError(key.status().WithContext("--key"));
-    return kExitError;
-  }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input =
+      OpenCommandInput({o.file, o.trust, o.key, PluginModels(o.plugins, registry)}, &rc);
+  if (!input) return rc;
+  const LoadedCapsule* loaded = &input->capsule;
   MinimizeOptions options;
   options.max_replays = o.max_replays;
   options.replay.capsule_path = o.file;
@@ -58,7 +55,8 @@ int RunMinimizeCommand(const MinimizeCliOptions& o, ModelRegistry& registry) {
                RerunRemedy(result.status(), RerunFactsOf(*loaded->decoded.capsule, registry)));
     return kExitError;
   }
-  auto bytes = EncodeDerived(*loaded, "minimize", *key, /*optional_flags=*/0, &*result->capsule);
+  auto bytes =
+      EncodeDerived(*loaded, "minimize", *input->key, /*optional_flags=*/0, &*result->capsule);
   if (!bytes.ok()) {
     PrintError(bytes.status());
     return kExitError;

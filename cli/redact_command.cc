@@ -1,10 +1,11 @@
+#include "capsule/cli/redact_command.h"
+
 #include <iostream>
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
@@ -41,14 +42,11 @@ int RunRedactCommand(const RedactCliOptions& o) {
   }
   // The key is loaded before the input is read: a key with loose permissions is refused before
   // any work is done.
-  auto key = LoadPrivateKeyFile(o.key);
-  if (!key.ok()) {
-    PrintError(key.status().WithContext("--key"));
-    return kExitError;
-  }
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded = LoadCapsule(o.file, o.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input = OpenCommandInput({o.file, o.trust, o.key, nullptr}, &rc);
+  if (!input) return rc;
+  LoadedCapsule* loaded = &input->capsule;
+  const PrivateKey* key = &*input->key;
   redact.source_sha256 = loaded->sha256;
   s = RedactCapsule(loaded->decoded.capsule.get(), redact);
   if (!s.ok()) {

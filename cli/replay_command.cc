@@ -1,3 +1,5 @@
+#include "capsule/cli/replay_command.h"
+
 #include <unistd.h>
 
 #include <iostream>
@@ -8,7 +10,6 @@
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"
 #include "capsule/format/capsule_reader.h"
@@ -21,9 +22,8 @@
 namespace capsule::cli {
 namespace {
 
-// Every line goes through PrintableLine: layer names, warnings, findings, file names and the
-// commands quote the capsule, its file name or the model.
-void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
+// The diagnosis, fidelity, loss, warnings and each triage stage.
+void PrintSummary(const v1::ReplayReport& r, std::ostream& out) {
   using Line = PrintableLine;
   Line(out) << "diagnosis: " << v1::Diagnosis_Name(r.diagnosis()) << ": " << r.diagnosis_text();
   Line(out) << "fidelity: " << v1::Fidelity_Name(r.fidelity()) << " (" << r.fidelity_detail()
@@ -50,6 +50,10 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
       Line(out) << "  " << (f.failed() ? "FAIL " : "ok   ") << f.check() << ": " << f.detail();
     }
   }
+}
+
+void PrintLayerTable(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   // Each row shows the bound applied to it (atol + rtol*|ref|, atol already scaled for gradients)
   // and the worst error as a multiple of it: above 1 fails. A relative error alone misleads on a
   // near-zero reference.
@@ -72,6 +76,11 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
               << Pad(FormatSignificant(l.worst_ratio(), 3), 13)
               << Pad(std::to_string(l.nonfinite_mismatch()), 12) << verdict;
   }
+}
+
+// The forward and backward layer bisects, each with its probes.
+void PrintBisects(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   for (const v1::BisectReport* b : {r.has_bisect() ? &r.bisect() : nullptr,
                                     r.has_backward_bisect() ? &r.backward_bisect() : nullptr}) {
     if (b == nullptr) continue;
@@ -95,6 +104,10 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
                 << p.nonfinite_mismatch();
     }
   }
+}
+
+void PrintFeatureBisect(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   if (r.has_features()) {
     const v1::FeatureBisectReport& f = r.features();
     auto join = [](const auto& names) {
@@ -130,6 +143,10 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
                 << FormatSignificant(p.max_rel_err(), 3);
     }
   }
+}
+
+void PrintRepeat(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   if (r.has_repeat()) {
     const v1::RepeatReport& rep = r.repeat();
     Line{out};
@@ -146,6 +163,11 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
     }
     if (rep.spreads_size() > 16) Line(out) << "  ... " << rep.spreads_size() - 16 << " more";
   }
+}
+
+// The command that replays the capsule, and the extracts of the first divergent layer.
+void PrintCommands(const v1::ReplayReport& r, std::ostream& out) {
+  using Line = PrintableLine;
   if (!r.replay_command().empty()) {
     Line{out};
     Line(out) << "replay: " << r.replay_command();
@@ -154,6 +176,17 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
     Line(out) << "next: the first divergent layer alone (an extract replays just that layer):";
     for (const auto& c : r.next_commands()) Line(out) << "  " << c;
   }
+}
+
+// Every line goes through PrintableLine: layer names, warnings, findings, file names and the
+// commands quote the capsule, its file name or the model.
+void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
+  PrintSummary(r, out);
+  PrintLayerTable(r, out);
+  PrintBisects(r, out);
+  PrintFeatureBisect(r, out);
+  PrintRepeat(r, out);
+  PrintCommands(r, out);
 }
 
 // Parses "NAME=ATOL,RTOL".
@@ -250,9 +283,10 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   options.progress = ProgressLine("replay");  // null unless standard error is a terminal
 
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input =
+      OpenCommandInput({o.file, o.trust, "", PluginModels(o.plugins, registry)}, &rc);
+  if (!input) return rc;
+  const LoadedCapsule* loaded = &input->capsule;
   auto report = ReplayCapsule(*loaded->decoded.capsule, registry, options);
   if (options.progress) ClearProgressLine();
   if (!report.ok()) {

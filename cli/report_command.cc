@@ -1,9 +1,10 @@
+#include "capsule/cli/report_command.h"
+
 #include <iostream>
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/redact.h"
@@ -40,8 +41,9 @@ int RunReportCommand(const ReportCliOptions& o) {
   }
   report_options.redact = *redact;
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded = LoadCapsule(o.file, o.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input = OpenCommandInput({o.file, o.trust, "", nullptr}, &rc);
+  if (!input) return rc;
+  const LoadedCapsule* loaded = &input->capsule;
   std::unique_ptr<v1::ReplayReport> replay;
   if (!o.replay_json.empty()) {
     auto text = ReadFileBytes(o.replay_json, uint64_t{64} << 20);

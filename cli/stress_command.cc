@@ -1,5 +1,6 @@
+#include "capsule/cli/stress_command.h"
+
 // capsule stress FILE --layer NAME: the layer's two paths over generated inputs (replay/stress.h).
-#include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,9 +12,9 @@
 #include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"
+#include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/stress.h"
@@ -38,9 +39,10 @@ void SetupStressCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
 
 int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
   int rc = kExitError;
-  std::optional<LoadedCapsule> loaded =
-      LoadPluginsAndCapsule(o.plugins, registry, o.file, o.trust, &rc);
-  if (!loaded) return rc;
+  std::optional<CommandInput> input =
+      OpenCommandInput({o.file, o.trust, "", PluginModels(o.plugins, registry)}, &rc);
+  if (!input) return rc;
+  const LoadedCapsule* loaded = &input->capsule;
   StressOptions options;
   options.layer = o.layer;
   options.force = o.force;
@@ -57,13 +59,7 @@ int RunStressCommand(const StressCliOptions& o, ModelRegistry& registry) {
   report->set_capsule(o.file);
   *report->mutable_trust() = loaded->trust;
   if (o.json) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions jo;
-    jo.add_whitespace = true;
-    jo.preserve_proto_field_names = true;
-    jo.always_print_primitive_fields = true;  // "diverged": false is a result too
-    (void)google::protobuf::util::MessageToJsonString(*report, &json, jo);
-    std::cout << json;
+    std::cout << MessageToJson(*report) << "\n";
   } else {
     // Layer and case names, notes and errors quote the capsule or the model: one PrintableLine
     // per line.

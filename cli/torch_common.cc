@@ -16,15 +16,9 @@
 
 namespace capsule::cli {
 
-std::optional<LoadedCapsule> LoadPluginsAndCapsule(const std::vector<std::string>& plugins,
-                                                   ModelRegistry& registry, const std::string& file,
-                                                   const TrustOptions& trust, int* exit_code) {
-  if (Status s = LoadPlugins(plugins, registry); !s.ok()) {
-    PrintError(s);
-    *exit_code = kExitError;
-    return std::nullopt;
-  }
-  return LoadCapsule(file, trust, exit_code);
+std::function<Status()> PluginModels(const std::vector<std::string>& plugins,
+                                     ModelRegistry& registry) {
+  return [&plugins, &registry] { return LoadPlugins(plugins, registry); };
 }
 
 RerunFacts RerunFactsOf(const v1::Capsule& c, const ModelRegistry& registry) {

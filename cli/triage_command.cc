@@ -1,9 +1,10 @@
+#include "capsule/cli/triage_command.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
 
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/triage.pb.h"

@@ -1,10 +1,11 @@
+#include "capsule/cli/verify_command.h"
+
 #include <iostream>
 
 #include "capsule/base/file_util.h"
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/cli/cli.h"
-#include "capsule/cli/commands.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/derivation.h"

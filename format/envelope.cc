@@ -164,13 +164,12 @@ constexpr const char kMaybeAltered[] =
     "; if no newer capsule wrote it, the file is damaged or was altered (it does not check as a "
     "1.x capsule either)";
 
-}  // namespace
+// The numbers in the comments are those of FORMAT.md §6 "Reading".
 
-StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& options) {
-  // The numbers are those of FORMAT.md §6 "Reading".
+// 2. Magic. An empty file holds nothing to judge (a failed download, a touched name); a non-empty
+// prefix of the magic is a capsule cut short.
+Status CheckMagic(std::string_view file) {
   const uint64_t size = file.size();
-  // 2. Magic. An empty file holds nothing to judge (a failed download, a touched name); a
-  // non-empty prefix of the magic is a capsule cut short.
   if (size == 0) return InvalidArgumentError("empty file (0 bytes): not a capsule");
   if (size < kMagicSize) {
     if (file == kMagic.substr(0, size)) return Truncated(size, kMinCapsuleSize);
@@ -180,53 +179,60 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     return InvalidArgumentError("not a capsule (bad magic number)");
   }
   if (size < kHeaderSizeV1) return Truncated(size, kMinCapsuleSize);
+  return Status::Ok();
+}
 
-  // 3, 4. Version and required flags, before trusting any other field.
-  OpenedEnvelope env;
-  EnvelopeHeader& h = env.info.header;
-  h.major = LoadLe16(&file[kOffMajor]);
-  h.minor = LoadLe16(&file[kOffMinor]);
-  if (h.major > kFormatMajor) {
-    return UnimplementedError("format " + std::to_string(h.major) + "." + std::to_string(h.minor) +
-                              " is newer than this reader (reads up to " +
-                              std::to_string(kFormatMajor) + ".x); upgrade capsule" +
-                              (ChecksAsV1(file) ? "" : kMaybeAltered));
+// 3, 4. Version and required flags, before trusting any other field; 5. the other header fields.
+Status ReadHeader(std::string_view file, EnvelopeHeader* h) {
+  h->major = LoadLe16(&file[kOffMajor]);
+  h->minor = LoadLe16(&file[kOffMinor]);
+  if (h->major > kFormatMajor) {
+    return UnimplementedError(
+        "format " + std::to_string(h->major) + "." + std::to_string(h->minor) +
+        " is newer than this reader (reads up to " + std::to_string(kFormatMajor) +
+        ".x); upgrade capsule" + (ChecksAsV1(file) ? "" : kMaybeAltered));
   }
-  if (h.major == 0) return DataLossError("corrupt header (format major version 0)");
-  h.required_flags = LoadLe32(&file[kOffRequiredFlags]);
-  if ((h.required_flags & ~kKnownRequiredFlags) != 0) {
+  if (h->major == 0) return DataLossError("corrupt header (format major version 0)");
+  h->required_flags = LoadLe32(&file[kOffRequiredFlags]);
+  if ((h->required_flags & ~kKnownRequiredFlags) != 0) {
     char hex[16];
-    std::snprintf(hex, sizeof(hex), "0x%08x", h.required_flags & ~kKnownRequiredFlags);
+    std::snprintf(hex, sizeof(hex), "0x%08x", h->required_flags & ~kKnownRequiredFlags);
     return UnimplementedError(
         std::string("capsule needs features this reader lacks (required flags ") + hex +
         "); upgrade capsule" + (ChecksAsV1(file) ? "" : kMaybeAltered));
   }
-  // 5. The other header fields.
-  h.header_size = LoadLe32(&file[kOffHeaderSize]);
-  h.optional_flags = LoadLe32(&file[kOffOptionalFlags]);
-  h.payload_size = LoadLe64(&file[kOffPayloadSize]);
-  h.uncompressed_size = LoadLe64(&file[kOffUncompressedSize]);
-  h.payload_codec = LoadLe32(&file[kOffPayloadCodec]);
-  if (h.header_size < kHeaderSizeV1 || h.header_size > kMaxHeaderSize) {
-    return DataLossError("corrupt header (header size " + std::to_string(h.header_size) + ")");
+  h->header_size = LoadLe32(&file[kOffHeaderSize]);
+  h->optional_flags = LoadLe32(&file[kOffOptionalFlags]);
+  h->payload_size = LoadLe64(&file[kOffPayloadSize]);
+  h->uncompressed_size = LoadLe64(&file[kOffUncompressedSize]);
+  h->payload_codec = LoadLe32(&file[kOffPayloadCodec]);
+  if (h->header_size < kHeaderSizeV1 || h->header_size > kMaxHeaderSize) {
+    return DataLossError("corrupt header (header size " + std::to_string(h->header_size) + ")");
   }
-  if (h.payload_codec != kPayloadCodecZstd) {
+  if (h->payload_codec != kPayloadCodecZstd) {
     return DataLossError("corrupt header (unknown payload codec " +
-                         std::to_string(h.payload_codec) + ")");
+                         std::to_string(h->payload_codec) + ")");
   }
   if (LoadLe32(&file[kOffHeaderReserved]) != 0) {
     return DataLossError("corrupt header (reserved field is not zero)");
   }
+  return Status::Ok();
+}
 
-  // 6. Declared sizes against the actual size. Overflow-safe: each term is bounded first. While
-  // the trailer's fixed part is missing, sig_size is unknown and the minimum is reported.
+// 6. Declared sizes against the actual size. Overflow-safe: each term is bounded first. While the
+// trailer's fixed part is missing, sig_size is unknown and the minimum is reported. 7. End magic
+// and the trailer's own size and reserved fields. Fills the trailer's fields of `info` and returns
+// the signature's bytes.
+StatusOr<std::string_view> ReadTrailer(std::string_view file, const EnvelopeHeader& h,
+                                       EnvelopeInfo* info) {
+  const uint64_t size = file.size();
   if (h.payload_size > size) return Truncated(size, h.header_size + h.payload_size);
   const uint64_t trailer_at = h.header_size + h.payload_size;
   if (size < trailer_at + kTrailerFixedSize) {
     return Truncated(size, trailer_at + kTrailerFixedSize);
   }
   const char* t = file.data() + trailer_at;
-  env.info.signature_algorithm = LoadLe16(t);
+  info->signature_algorithm = LoadLe16(t);
   const uint16_t sig_size = LoadLe16(t + 2);
   const uint64_t total = trailer_at + kTrailerFixedSize + sig_size;
   if (size < total) return Truncated(size, total);
@@ -234,7 +240,6 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     return DataLossError("corrupt capsule (" + std::to_string(size - total) +
                          " bytes after the declared end)");
   }
-  // 7. End magic and the trailer's own size and reserved fields.
   if (file.substr(size - kEndMagic.size()) != kEndMagic) {
     return DataLossError("corrupt trailer (bad end magic)");
   }
@@ -242,80 +247,77 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     return DataLossError("corrupt trailer (trailer size does not match the signature size)");
   }
   if (LoadLe32(t + 4) != 0) return DataLossError("corrupt trailer (reserved field is not zero)");
-  env.info.key_id = std::string(t + 8, kSha256Size);
-  env.info.digest = std::string(t + 8 + kSha256Size, kSha256Size);
-  const std::string_view signature(t + 8 + 2 * kSha256Size, sig_size);
-  env.info.file_size = size;
+  info->key_id = std::string(t + 8, kSha256Size);
+  info->digest = std::string(t + 8 + kSha256Size, kSha256Size);
+  info->file_size = size;
+  return std::string_view(t + 8 + 2 * kSha256Size, sig_size);
+}
 
-  // 8. The signature fields agree with the algorithm. The trailer is not covered by the digest,
-  // so an unknown algorithm may also be a changed byte: the message says both.
-  switch (env.info.signature_algorithm) {
+// 8. The signature fields agree with the algorithm. The trailer is not covered by the digest, so
+// an unknown algorithm may also be a changed byte: the message says both.
+Status CheckSignatureFields(const EnvelopeInfo& info, size_t sig_size) {
+  switch (info.signature_algorithm) {
     case kSigAlgNone:
-      if (sig_size != 0 || env.info.key_id != std::string(kSha256Size, '\0')) {
+      if (sig_size != 0 || info.key_id != std::string(kSha256Size, '\0')) {
         return DataLossError("corrupt trailer (unsigned capsule with a key id or signature)");
       }
-      break;
+      return Status::Ok();
     case kSigAlgEd25519:
       if (sig_size != kEd25519SignatureSize) {
         return DataLossError("corrupt trailer (Ed25519 signature of " + std::to_string(sig_size) +
                              " bytes)");
       }
-      break;
+      return Status::Ok();
     default:
       return UnimplementedError("unknown signature algorithm " +
-                                std::to_string(env.info.signature_algorithm) +
+                                std::to_string(info.signature_algorithm) +
                                 "; upgrade capsule if a newer capsule wrote it, otherwise the "
                                 "file is damaged or was altered");
   }
+}
 
-  // 9. Digest: integrity of header and payload, signed or not.
-  const std::string_view header_bytes = file.substr(0, h.header_size);
-  env.payload = file.substr(h.header_size, h.payload_size);
-  CAPSULE_ASSIGN_OR_RETURN(const std::string message, SignedMessage(header_bytes, env.payload));
-  CAPSULE_ASSIGN_OR_RETURN(const std::string digest, Sha256(message));
-  if (digest != env.info.digest) {
-    return DataLossError("corrupt capsule (digest mismatch: header or payload bytes changed)");
+// 10, first (1.1). The signer key the header carries must be the key the trailer names; the flag
+// without a signature, or without room for the key, is corrupt. After the digest, so that a
+// changed key byte reads as the corruption it is.
+Status ReadSignerKey(std::string_view file, const EnvelopeHeader& h, EnvelopeInfo* info) {
+  if ((h.optional_flags & kOptionalFlagSignerKey) == 0) return Status::Ok();
+  if (h.header_size < kHeaderSizeV1SignerKey) {
+    return DataLossError("corrupt header (signer key flag with a header of " +
+                         std::to_string(h.header_size) + " bytes)");
   }
-
-  // 10, first (1.1). The signer key the header carries must be the key the trailer names; the flag
-  // without a signature, or without room for the key, is corrupt. After the digest, so that a
-  // changed key byte reads as the corruption it is.
-  if ((h.optional_flags & kOptionalFlagSignerKey) != 0) {
-    if (h.header_size < kHeaderSizeV1SignerKey) {
-      return DataLossError("corrupt header (signer key flag with a header of " +
-                           std::to_string(h.header_size) + " bytes)");
-    }
-    if (env.info.signature_algorithm != kSigAlgEd25519) {
-      return DataLossError("corrupt capsule (signer key in the header of an unsigned capsule)");
-    }
-    env.info.signer_key = std::string(file.substr(kOffSignerKey, kEd25519KeySize));
-    CAPSULE_ASSIGN_OR_RETURN(const std::string signer_key_id, Sha256(env.info.signer_key));
-    if (signer_key_id != env.info.key_id) {
-      return DataLossError("corrupt capsule (the header's signer key is not the trailer's key id)");
-    }
+  if (info->signature_algorithm != kSigAlgEd25519) {
+    return DataLossError("corrupt capsule (signer key in the header of an unsigned capsule)");
   }
+  info->signer_key = std::string(file.substr(kOffSignerKey, kEd25519KeySize));
+  CAPSULE_ASSIGN_OR_RETURN(const std::string signer_key_id, Sha256(info->signer_key));
+  if (signer_key_id != info->key_id) {
+    return DataLossError("corrupt capsule (the header's signer key is not the trailer's key id)");
+  }
+  return Status::Ok();
+}
 
-  // 10. Signature, before the payload is decompressed or parsed.
-  if (env.info.signature_algorithm == kSigAlgNone) {
+// 10. Signature, before the payload is decompressed or parsed: the signature state the options
+// accept, or why they do not.
+StatusOr<SignatureState> CheckSignature(const EnvelopeInfo& info, const std::string& message,
+                                        std::string_view signature, const OpenOptions& options) {
+  if (info.signature_algorithm == kSigAlgNone) {
     if (!options.allow_unsigned) {
       return UnauthenticatedError("capsule is unsigned, so it cannot be verified");
     }
-    env.info.signature = SignatureState::kUnsigned;
-    return env;
+    return SignatureState::kUnsigned;
   }
   const PublicKey* key = nullptr;
   for (const PublicKey& k : options.trusted_keys) {
-    if (k.KeyId() == env.info.key_id) key = &k;
+    if (k.KeyId() == info.key_id) key = &k;
   }
   // A key the capsule carries is checked like a trusted one; only trust differs.
   std::optional<PublicKey> carried;
-  if (key == nullptr && !env.info.signer_key.empty()) {
-    StatusOr<PublicKey> k = PublicKey::FromRaw(env.info.signer_key);
+  if (key == nullptr && !info.signer_key.empty()) {
+    StatusOr<PublicKey> k = PublicKey::FromRaw(info.signer_key);
     if (!k.ok() && k.status().code() == StatusCode::kInvalidArgument) {
       // Intact (the digest covers it) but worthless: a small-order key verifies forgeries.
-      return UnauthenticatedError("capsule's signer key " +
-                                  HexEncode(env.info.key_id).substr(0, 16) + " is " +
-                                  k.status().message() + "; its signature proves nothing");
+      return UnauthenticatedError("capsule's signer key " + HexEncode(info.key_id).substr(0, 16) +
+                                  " is " + k.status().message() + "; its signature proves nothing");
     }
     CAPSULE_RETURN_IF_ERROR(k.status());
     carried = std::move(*k);
@@ -329,20 +331,40 @@ StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& 
     }
     CAPSULE_RETURN_IF_ERROR(verified);
   }
-  if (key == nullptr) {
-    if (!options.allow_untrusted) {
-      return UnauthenticatedError(
-          "capsule is signed by untrusted key " + HexEncode(env.info.key_id).substr(0, 16) +
-          (carried ? " (the signature is valid)"
-                   : " (format 1.0 carries no signer key: the signature cannot be checked)") +
-          "; to trust it, check its key id " + HexEncode(env.info.key_id) +
-          " with the signer, then trust their public key");
-    }
-    env.info.signature =
-        carried ? SignatureState::kValidUnknownSigner : SignatureState::kNotChecked;
-    return env;
+  if (key != nullptr) return SignatureState::kVerified;
+  if (!options.allow_untrusted) {
+    return UnauthenticatedError(
+        "capsule is signed by untrusted key " + HexEncode(info.key_id).substr(0, 16) +
+        (carried ? " (the signature is valid)"
+                 : " (format 1.0 carries no signer key: the signature cannot be checked)") +
+        "; to trust it, check its key id " + HexEncode(info.key_id) +
+        " with the signer, then trust their public key");
   }
-  env.info.signature = SignatureState::kVerified;
+  return carried ? SignatureState::kValidUnknownSigner : SignatureState::kNotChecked;
+}
+
+}  // namespace
+
+StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& options) {
+  CAPSULE_RETURN_IF_ERROR(CheckMagic(file));
+  OpenedEnvelope env;
+  const EnvelopeHeader& h = env.info.header;
+  CAPSULE_RETURN_IF_ERROR(ReadHeader(file, &env.info.header));
+  CAPSULE_ASSIGN_OR_RETURN(const std::string_view signature, ReadTrailer(file, h, &env.info));
+  CAPSULE_RETURN_IF_ERROR(CheckSignatureFields(env.info, signature.size()));
+
+  // 9. Digest: integrity of header and payload, signed or not.
+  const std::string_view header_bytes = file.substr(0, h.header_size);
+  env.payload = file.substr(h.header_size, h.payload_size);
+  CAPSULE_ASSIGN_OR_RETURN(const std::string message, SignedMessage(header_bytes, env.payload));
+  CAPSULE_ASSIGN_OR_RETURN(const std::string digest, Sha256(message));
+  if (digest != env.info.digest) {
+    return DataLossError("corrupt capsule (digest mismatch: header or payload bytes changed)");
+  }
+
+  CAPSULE_RETURN_IF_ERROR(ReadSignerKey(file, h, &env.info));
+  CAPSULE_ASSIGN_OR_RETURN(env.info.signature,
+                           CheckSignature(env.info, message, signature, options));
   return env;
 }
 

@@ -477,9 +477,8 @@ Status ValidateDistributed(const v1::Capsule& c) {
   return Status::Ok();
 }
 
-}  // namespace
-
-Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
+// The writer, the times, the derivations, the trigger and the step.
+Status ValidateHeadline(const v1::Capsule& c) {
   if (c.writer_version().empty()) return Invalid("writer_version", "must be set");
   if (!IsSaneTime(c.created_unix_micros())) {
     return Invalid("created_unix_micros", std::string("must be a time ") + kTimeRange + ", not " +
@@ -510,7 +509,11 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
       return Invalid("step.history[" + std::to_string(i) + "]", "steps must increase");
     }
   }
+  return Status::Ok();
+}
 
+// The recorded sequences and their masks.
+Status ValidateData(const v1::Capsule& c) {
   if (c.data().micro_batches() < 0) return Invalid("data.micro_batches", "must be >= 0");
   for (int i = 0; i < c.data().sequences_size(); ++i) {
     const v1::Sequence& seq = c.data().sequences(i);
@@ -544,7 +547,11 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
       }
     }
   }
+  return Status::Ok();
+}
 
+// The identity's file digests and the config's digest over its text.
+Status ValidateIdentity(const v1::Capsule& c) {
   for (int i = 0; i < c.identity().files_size(); ++i) {
     if (!IsSha256Hex(c.identity().files(i).sha256())) {
       return Invalid("identity.files[" + std::to_string(i) + "].sha256",
@@ -565,7 +572,11 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
       return Invalid("identity.config_sha256", "does not match config_text");
     }
   }
+  return Status::Ok();
+}
 
+// Generator names are unique; each has a kind and a state.
+Status ValidateRng(const v1::Capsule& c) {
   std::set<std::string> rng_names;
   for (int i = 0; i < c.rng().generators_size(); ++i) {
     const v1::RngBlob& g = c.rng().generators(i);
@@ -575,7 +586,11 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
     if (g.kind() == v1::RNG_KIND_UNSPECIFIED) return Invalid(where, "kind must be set");
     if (g.state().empty()) return Invalid(where, "state must not be empty");
   }
+  return Status::Ok();
+}
 
+// A weights reference names its tensors sorted, each with a digest and a dtype.
+Status ValidateWeightsReference(const v1::Capsule& c) {
   if (c.model().has_weights_reference()) {
     const v1::WeightsReference& ref = c.model().weights_reference();
     const std::string where = "model.weights_reference";
@@ -608,7 +623,11 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
       }
     }
   }
+  return Status::Ok();
+}
 
+// Per-layer statistics, and the first anomalous layer names one of them.
+Status ValidateNumerics(const v1::Capsule& c) {
   const v1::Numerics& num = c.numerics();
   for (int i = 0; i < num.layers_size(); ++i) {
     const v1::LayerStats& l = num.layers(i);
@@ -645,7 +664,13 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
       return Invalid("numerics.first_anomalous_phase", "must be set with first_anomalous_layer");
     }
   }
+  return Status::Ok();
+}
 
+// The tensors' names, metas, sizes and digests; returns their names, which data.tensor_names must
+// name.
+StatusOr<std::set<std::string>> ValidateTensors(const v1::Capsule& c,
+                                                const ValidateOptions& options) {
   const TensorDataViews* views = options.tensor_data;
   CAPSULE_RETURN_IF_ERROR(CheckTensorDataViews(c, views));
   std::set<std::string> tensor_names;
@@ -675,11 +700,11 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
                      "names no tensor in tensors (" + c.data().tensor_names(i) + ")");
     }
   }
+  return tensor_names;
+}
 
-  CAPSULE_RETURN_IF_ERROR(ValidateObjectiveAndOptimizer(c, tensor_names));
-
-  CAPSULE_RETURN_IF_ERROR(ValidateBounds(c));
-  CAPSULE_RETURN_IF_ERROR(ValidateDistributed(c));
+// Annotation keys are set; the redaction drops only items it knows.
+Status ValidateAnnotationsAndRedaction(const v1::Capsule& c) {
   for (const auto& [key, value] : c.annotations()) {
     if (key.empty()) return Invalid("annotations", "keys must not be empty");
   }
@@ -687,6 +712,23 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   for (const std::string& d : c.redaction().dropped()) {
     if (kDroppable.count(d) == 0) return Invalid("redaction.dropped", "unknown item " + d);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
+  CAPSULE_RETURN_IF_ERROR(ValidateHeadline(c));
+  CAPSULE_RETURN_IF_ERROR(ValidateData(c));
+  CAPSULE_RETURN_IF_ERROR(ValidateIdentity(c));
+  CAPSULE_RETURN_IF_ERROR(ValidateRng(c));
+  CAPSULE_RETURN_IF_ERROR(ValidateWeightsReference(c));
+  CAPSULE_RETURN_IF_ERROR(ValidateNumerics(c));
+  CAPSULE_ASSIGN_OR_RETURN(const std::set<std::string> tensor_names, ValidateTensors(c, options));
+  CAPSULE_RETURN_IF_ERROR(ValidateObjectiveAndOptimizer(c, tensor_names));
+  CAPSULE_RETURN_IF_ERROR(ValidateBounds(c));
+  CAPSULE_RETURN_IF_ERROR(ValidateDistributed(c));
+  CAPSULE_RETURN_IF_ERROR(ValidateAnnotationsAndRedaction(c));
   std::string where;
   if (!EnumsAreKnown(c, &where)) return InvalidArgumentError(where);
   if (!StringsAreUtf8(c, &where)) {

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <map>
 
+#include "capsule/format/json.h"
+
 namespace capsule {
 
 struct SpecConfig::Impl {
@@ -114,10 +116,7 @@ std::string SpecConfig::ToJson() const {
   for (const auto& [key, value] : sorted) {
     google::protobuf::Value k;
     k.set_string_value(key);
-    std::string key_json, value_json;
-    (void)google::protobuf::util::MessageToJsonString(k, &key_json);
-    (void)google::protobuf::util::MessageToJsonString(value, &value_json);
-    out += (out.size() > 1 ? "," : "") + key_json + ":" + value_json;
+    out += (out.size() > 1 ? "," : "") + MessageToJson(k) + ":" + MessageToJson(value);
   }
   return out + "}";
 }

@@ -75,6 +75,95 @@ bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) {
   return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
 }
 
+// The extract's capsule without tensors: the full capsule's context, the layer's statistics and a
+// model spec naming the layer alone.
+v1::Capsule ExtractContext(const v1::Capsule& full, const ExtractOptions& options, size_t index) {
+  v1::Capsule out;
+  out.set_writer_version(CapsuleVersion());
+  out.set_created_unix_micros(full.created_unix_micros());
+  out.set_run_name(full.run_name());
+  *out.mutable_trigger() = full.trigger();
+  *out.mutable_step() = full.step();
+  *out.mutable_identity() = full.identity();
+  *out.mutable_placement() = full.placement();
+  *out.mutable_environment() = full.environment();
+  *out.mutable_redaction() = full.redaction();
+  *out.mutable_annotations() = full.annotations();
+  (*out.mutable_annotations())[kExtractLayerKey] = options.layer;
+  (*out.mutable_annotations())[kExtractIndexKey] = std::to_string(index);
+  (*out.mutable_annotations())[kExtractSourceKey] = options.source_sha256;
+
+  v1::Numerics& num = *out.mutable_numerics();
+  num.set_intra_op_threads(full.numerics().intra_op_threads());
+  num.set_path(full.numerics().path());
+  num.set_first_anomalous_index(-1);
+  for (const auto& l : full.numerics().layers()) {
+    if (l.name() == options.layer) *num.add_layers() = l;
+  }
+  if (full.numerics().first_anomalous_layer() == options.layer) {
+    num.set_first_anomalous_layer(options.layer);
+    num.set_first_anomalous_index(full.numerics().first_anomalous_index());
+    num.set_first_anomalous_phase(full.numerics().first_anomalous_phase());
+    num.set_anomaly_reason(full.numerics().anomaly_reason());
+  }
+
+  v1::ModelSpec& spec = *out.mutable_model();
+  spec.set_registry_name(full.model().registry_name());
+  spec.set_config_json(full.model().config_json());
+  spec.set_trainer_path(full.model().trainer_path());
+  spec.set_weight_policy(v1::WEIGHTS_ANOMALOUS_LAYER);
+  spec.add_layers(options.layer);
+
+  return out;
+}
+
+// The layer's reference input `x`, what the capture saw at it, its own parameters (`own`) and
+// buffers, and the data tensors it may read (the labels only for the last layer).
+Status AddLayerTensors(const v1::Capsule& full, const ExtractOptions& options, const TensorList& x,
+                       const std::set<std::string>& own, bool is_last, v1::Capsule* out) {
+  for (size_t k = 0; k < x.size(); ++k) {
+    if (!x[k].defined()) continue;
+    v1::TensorBlob* blob = out->add_tensors();
+    CAPSULE_RETURN_IF_ERROR(
+        TensorToBlob(options.layer + "/input." + std::to_string(k), x[k], blob));
+    blob->set_role(v1::LAYER_INPUT);
+    blob->set_layer(options.layer);
+  }
+  // What the capture saw on the optimized path at this layer (the first anomalous layer only):
+  // replay runs the layer on it again to judge fidelity.
+  for (const auto& t : full.tensors()) {
+    if (t.layer() != options.layer) continue;
+    if (t.role() == v1::LAYER_INPUT) {
+      v1::TensorBlob* blob = out->add_tensors();
+      *blob = t;
+      blob->set_name(options.layer + "/optimized_input." +
+                     t.name().substr(t.name().rfind('.') + 1));
+      blob->set_role(v1::OTHER);
+    } else if (t.role() == v1::OPTIMIZED_OUTPUT || t.role() == v1::REFERENCE_OUTPUT) {
+      *out->add_tensors() = t;
+    }
+  }
+  for (const auto& t : full.tensors()) {
+    const bool own_parameter = t.role() == v1::PARAMETER && own.count(t.name()) != 0;
+    const bool own_buffer = t.role() == v1::BUFFER && t.layer() == options.layer;
+    if (!own_parameter && !own_buffer) continue;
+    v1::TensorBlob* blob = out->add_tensors();
+    *blob = t;
+    blob->set_layer(options.layer);
+  }
+  // Masks are small and any layer may read them; labels are token ids, kept for the loss only.
+  v1::DataBatch& data = *out->mutable_data();
+  data.set_labels_shifted(full.data().labels_shifted());
+  for (const char* name : {"attention_mask", "loss_mask", "labels"}) {
+    if (std::string(name) == "labels" && !is_last) continue;
+    if (const v1::TensorBlob* t = FindTensor(full, name)) {
+      *out->add_tensors() = *t;
+      data.add_tensor_names(name);
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool IsLayerExtract(const v1::Capsule& capsule) {
@@ -126,85 +215,10 @@ StatusOr<v1::Capsule> ExtractLayer(const v1::Capsule& full, const ModelRegistry&
     return FromTorch(e, "reference path up to " + options.layer);
   }
 
-  v1::Capsule out;
-  out.set_writer_version(CapsuleVersion());
-  out.set_created_unix_micros(full.created_unix_micros());
-  out.set_run_name(full.run_name());
-  *out.mutable_trigger() = full.trigger();
-  *out.mutable_step() = full.step();
-  *out.mutable_identity() = full.identity();
-  *out.mutable_placement() = full.placement();
-  *out.mutable_environment() = full.environment();
-  *out.mutable_redaction() = full.redaction();
-  *out.mutable_annotations() = full.annotations();
-  (*out.mutable_annotations())[kExtractLayerKey] = options.layer;
-  (*out.mutable_annotations())[kExtractIndexKey] = std::to_string(index);
-  (*out.mutable_annotations())[kExtractSourceKey] = options.source_sha256;
-
-  v1::Numerics& num = *out.mutable_numerics();
-  num.set_intra_op_threads(full.numerics().intra_op_threads());
-  num.set_path(full.numerics().path());
-  num.set_first_anomalous_index(-1);
-  for (const auto& l : full.numerics().layers()) {
-    if (l.name() == options.layer) *num.add_layers() = l;
-  }
-  if (full.numerics().first_anomalous_layer() == options.layer) {
-    num.set_first_anomalous_layer(options.layer);
-    num.set_first_anomalous_index(full.numerics().first_anomalous_index());
-    num.set_first_anomalous_phase(full.numerics().first_anomalous_phase());
-    num.set_anomaly_reason(full.numerics().anomaly_reason());
-  }
-
-  v1::ModelSpec& spec = *out.mutable_model();
-  spec.set_registry_name(full.model().registry_name());
-  spec.set_config_json(full.model().config_json());
-  spec.set_trainer_path(full.model().trainer_path());
-  spec.set_weight_policy(v1::WEIGHTS_ANOMALOUS_LAYER);
-  spec.add_layers(options.layer);
-
-  for (size_t k = 0; k < x.size(); ++k) {
-    if (!x[k].defined()) continue;
-    v1::TensorBlob* blob = out.add_tensors();
-    CAPSULE_RETURN_IF_ERROR(
-        TensorToBlob(options.layer + "/input." + std::to_string(k), x[k], blob));
-    blob->set_role(v1::LAYER_INPUT);
-    blob->set_layer(options.layer);
-  }
-  // What the capture saw on the optimized path at this layer (the first anomalous layer only):
-  // replay runs the layer on it again to judge fidelity.
-  for (const auto& t : full.tensors()) {
-    if (t.layer() != options.layer) continue;
-    if (t.role() == v1::LAYER_INPUT) {
-      v1::TensorBlob* blob = out.add_tensors();
-      *blob = t;
-      blob->set_name(options.layer + "/optimized_input." +
-                     t.name().substr(t.name().rfind('.') + 1));
-      blob->set_role(v1::OTHER);
-    } else if (t.role() == v1::OPTIMIZED_OUTPUT || t.role() == v1::REFERENCE_OUTPUT) {
-      *out.add_tensors() = t;
-    }
-  }
+  v1::Capsule out = ExtractContext(full, options, index);
   std::set<std::string> own;
   for (const NamedTensor& p : ref.LayerParameters(index)) own.insert(p.first);
-  for (const auto& t : full.tensors()) {
-    const bool own_parameter = t.role() == v1::PARAMETER && own.count(t.name()) != 0;
-    const bool own_buffer = t.role() == v1::BUFFER && t.layer() == options.layer;
-    if (!own_parameter && !own_buffer) continue;
-    v1::TensorBlob* blob = out.add_tensors();
-    *blob = t;
-    blob->set_layer(options.layer);
-  }
-  // Masks are small and any layer may read them; labels are token ids, kept for the loss only.
-  const bool is_last = index + 1 == ref.size();
-  v1::DataBatch& data = *out.mutable_data();
-  data.set_labels_shifted(full.data().labels_shifted());
-  for (const char* name : {"attention_mask", "loss_mask", "labels"}) {
-    if (std::string(name) == "labels" && !is_last) continue;
-    if (const v1::TensorBlob* t = FindTensor(full, name)) {
-      *out.add_tensors() = *t;
-      data.add_tensor_names(name);
-    }
-  }
+  CAPSULE_RETURN_IF_ERROR(AddLayerTensors(full, options, x, own, index + 1 == ref.size(), &out));
   return out;
 }
 

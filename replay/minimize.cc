@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -128,6 +129,120 @@ StatusOr<v1::Capsule> Cut(const v1::Capsule& c, const std::vector<int>& keep, in
   return out;
 }
 
+using FailsFn = std::function<StatusOr<bool>(const std::vector<int>&, int64_t)>;
+using ReplayFn = std::function<StatusOr<v1::ReplayReport>(const v1::Capsule&)>;
+
+// The batch tensor minimize cuts: input_ids, else inputs; null when the capsule has neither.
+const v1::TensorBlob* BatchIds(const v1::Capsule& c) {
+  const v1::TensorBlob* ids = nullptr;
+  for (const v1::TensorBlob& t : c.tensors()) {
+    if (t.role() == v1::BATCH_INPUT && (t.name() == "input_ids" || t.name() == "inputs")) {
+      ids = &t;
+      if (t.name() == "input_ids") break;
+    }
+  }
+  return ids;
+}
+
+// Delta debugging over the sequences `keep`: keep one chunk, else drop one, at finer granularity,
+// while the budget lasts. Returns the smallest subset found that still fails alike.
+StatusOr<std::vector<int>> ShrinkSequences(std::vector<int> keep, int64_t length,
+                                           const FailsFn& fails, const MinimizeResult& result) {
+  size_t chunks = 2;
+  while (keep.size() > 1 && !result.budget_exhausted) {
+    const size_t size = (keep.size() + chunks - 1) / chunks;
+    bool reduced = false;
+    for (size_t start = 0; start < keep.size() && !reduced; start += size) {
+      std::vector<int> chunk(keep.begin() + start,
+                             keep.begin() + std::min(keep.size(), start + size));
+      CAPSULE_ASSIGN_OR_RETURN(bool f, fails(chunk, length));
+      if (f) {
+        keep = chunk;
+        chunks = 2;
+        reduced = true;
+      }
+    }
+    for (size_t start = 0; start < keep.size() && !reduced && chunks > 2; start += size) {
+      std::vector<int> rest(keep.begin(), keep.begin() + start);
+      rest.insert(rest.end(), keep.begin() + std::min(keep.size(), start + size), keep.end());
+      CAPSULE_ASSIGN_OR_RETURN(bool f, fails(rest, length));
+      if (f) {
+        keep = rest;
+        chunks = std::max<size_t>(chunks - 1, 2);
+        reduced = true;
+      }
+    }
+    if (reduced) continue;
+    if (chunks >= keep.size()) break;
+    chunks = std::min(chunks * 2, keep.size());
+  }
+  return keep;
+}
+
+// The shortest prefix of `length` positions that still fails (assumed monotone in the length).
+StatusOr<int64_t> ShrinkLength(const std::vector<int>& keep, int64_t length, const FailsFn& fails,
+                               const MinimizeResult& result) {
+  int64_t lo = 1, hi = length;
+  while (lo < hi && !result.budget_exhausted) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    CAPSULE_ASSIGN_OR_RETURN(bool f, fails(keep, mid));
+    if (f) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return hi;
+}
+
+// What the failure needs in sequences and positions, one sentence each.
+void NoteSizeNeeds(const std::vector<int>& keep, int64_t length, bool tokens, int64_t t0,
+                   MinimizeResult* result) {
+  if (keep.size() == 1) {
+    result->needs.push_back("one sequence is enough: sequence " + std::to_string(keep[0]) +
+                            " of the original batch");
+  } else {
+    result->needs.push_back(std::to_string(keep.size()) +
+                            " sequences are needed together: no smaller subset tried fails alike");
+  }
+  if (tokens && t0 > 1) {
+    result->needs.push_back(
+        length > 1 ? "the failure needs T >= " + std::to_string(length) +
+                         " (T = " + std::to_string(length - 1) + " does not fail alike)"
+                   : "the failure needs no length: it fails with a single position");
+  }
+}
+
+// The thread count, restored as one more dimension: reductions split by thread can change the
+// result, so a failure that needs the captured count is a different bug from one that does not.
+// One replay of the minimized capsule with another count.
+Status NoteThreadNeeds(const ReplayFn& replay, const MinimizeOptions& options,
+                       MinimizeResult* result) {
+  const int threads = result->capsule->numerics().intra_op_threads() > 0
+                          ? result->capsule->numerics().intra_op_threads()
+                          : result->capsule->environment().intra_op_threads();
+  if (threads > 0 && result->replays < options.max_replays) {
+    v1::Capsule other = *result->capsule;
+    const int alt = threads == 1 ? 2 : 1;
+    other.mutable_numerics()->set_intra_op_threads(alt);
+    CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport r, replay(other));
+    const bool alike = IsFailure(r) && VerdictOf(r) == result->verdict;
+    if (r.intra_op_threads() != alt) {
+      // Replay runs at most as many threads as this process has CPUs.
+      result->needs.push_back("the thread count was not varied: a replay with " +
+                              std::to_string(alt) + " intra-op threads ran with " +
+                              std::to_string(r.intra_op_threads()) + " here");
+    } else {
+      result->needs.push_back(
+          alike ? "the thread count does not matter: it fails alike with " + std::to_string(alt) +
+                      " intra-op threads as with " + std::to_string(threads)
+                : "the failure needs " + std::to_string(threads) + " intra-op threads: with " +
+                      std::to_string(alt) + " the replay gives " + VerdictOf(r));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 MinimizeResult::MinimizeResult() = default;
@@ -137,13 +252,7 @@ MinimizeResult& MinimizeResult::operator=(MinimizeResult&&) noexcept = default;
 
 StatusOr<MinimizeResult> MinimizeCapsule(const v1::Capsule& c, const ModelRegistry& registry,
                                          const MinimizeOptions& options) {
-  const v1::TensorBlob* ids = nullptr;
-  for (const v1::TensorBlob& t : c.tensors()) {
-    if (t.role() == v1::BATCH_INPUT && (t.name() == "input_ids" || t.name() == "inputs")) {
-      ids = &t;
-      if (t.name() == "input_ids") break;
-    }
-  }
+  const v1::TensorBlob* ids = BatchIds(c);
   if (ids == nullptr || ids->meta().shape_size() < 1) {
     return FailedPreconditionError("the capsule has no batch tensor to cut (input_ids or inputs)");
   }
@@ -187,49 +296,9 @@ StatusOr<MinimizeResult> MinimizeCapsule(const v1::Capsule& c, const ModelRegist
     return r.ok() && VerdictOf(*r) == result.verdict;
   };
 
-  // Delta debugging over the sequences: keep one chunk, else drop one, at finer granularity.
-  size_t chunks = 2;
-  while (keep.size() > 1 && !result.budget_exhausted) {
-    const size_t size = (keep.size() + chunks - 1) / chunks;
-    bool reduced = false;
-    for (size_t start = 0; start < keep.size() && !reduced; start += size) {
-      std::vector<int> chunk(keep.begin() + start,
-                             keep.begin() + std::min(keep.size(), start + size));
-      CAPSULE_ASSIGN_OR_RETURN(bool f, fails(chunk, length));
-      if (f) {
-        keep = chunk;
-        chunks = 2;
-        reduced = true;
-      }
-    }
-    for (size_t start = 0; start < keep.size() && !reduced && chunks > 2; start += size) {
-      std::vector<int> rest(keep.begin(), keep.begin() + start);
-      rest.insert(rest.end(), keep.begin() + std::min(keep.size(), start + size), keep.end());
-      CAPSULE_ASSIGN_OR_RETURN(bool f, fails(rest, length));
-      if (f) {
-        keep = rest;
-        chunks = std::max<size_t>(chunks - 1, 2);
-        reduced = true;
-      }
-    }
-    if (reduced) continue;
-    if (chunks >= keep.size()) break;
-    chunks = std::min(chunks * 2, keep.size());
-  }
-
-  // The shortest prefix that still fails (assumed monotone in the length).
+  CAPSULE_ASSIGN_OR_RETURN(keep, ShrinkSequences(std::move(keep), length, fails, result));
   if (tokens && t0 > 1 && !result.budget_exhausted) {
-    int64_t lo = 1, hi = length;
-    while (lo < hi && !result.budget_exhausted) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      CAPSULE_ASSIGN_OR_RETURN(bool f, fails(keep, mid));
-      if (f) {
-        hi = mid;
-      } else {
-        lo = mid + 1;
-      }
-    }
-    length = hi;
+    CAPSULE_ASSIGN_OR_RETURN(length, ShrinkLength(keep, length, fails, result));
   }
   const bool smaller = static_cast<int64_t>(keep.size()) < n || length < t0;
   v1::Capsule final_capsule = c;  // nothing smaller fails alike: the original is the answer
@@ -243,44 +312,8 @@ StatusOr<MinimizeResult> MinimizeCapsule(const v1::Capsule& c, const ModelRegist
   result.capsule = std::make_unique<v1::Capsule>(std::move(final_capsule));
   result.sequences_after = static_cast<int64_t>(keep.size());
   result.length_after = length;
-  if (keep.size() == 1) {
-    result.needs.push_back("one sequence is enough: sequence " + std::to_string(keep[0]) +
-                           " of the original batch");
-  } else {
-    result.needs.push_back(std::to_string(keep.size()) +
-                           " sequences are needed together: no smaller subset tried fails alike");
-  }
-  if (tokens && t0 > 1) {
-    result.needs.push_back(length > 1
-                               ? "the failure needs T >= " + std::to_string(length) +
-                                     " (T = " + std::to_string(length - 1) + " does not fail alike)"
-                               : "the failure needs no length: it fails with a single position");
-  }
-  // The thread count, restored as one more dimension: reductions split by thread can change
-  // the result, so a failure that needs the captured count is a different bug from one that
-  // does not. One replay of the minimized capsule with another count.
-  const int threads = result.capsule->numerics().intra_op_threads() > 0
-                          ? result.capsule->numerics().intra_op_threads()
-                          : result.capsule->environment().intra_op_threads();
-  if (threads > 0 && result.replays < options.max_replays) {
-    v1::Capsule other = *result.capsule;
-    const int alt = threads == 1 ? 2 : 1;
-    other.mutable_numerics()->set_intra_op_threads(alt);
-    CAPSULE_ASSIGN_OR_RETURN(v1::ReplayReport r, replay(other));
-    const bool alike = IsFailure(r) && VerdictOf(r) == result.verdict;
-    if (r.intra_op_threads() != alt) {
-      // Replay runs at most as many threads as this process has CPUs.
-      result.needs.push_back("the thread count was not varied: a replay with " +
-                             std::to_string(alt) + " intra-op threads ran with " +
-                             std::to_string(r.intra_op_threads()) + " here");
-    } else {
-      result.needs.push_back(
-          alike ? "the thread count does not matter: it fails alike with " + std::to_string(alt) +
-                      " intra-op threads as with " + std::to_string(threads)
-                : "the failure needs " + std::to_string(threads) + " intra-op threads: with " +
-                      std::to_string(alt) + " the replay gives " + VerdictOf(r));
-    }
-  }
+  NoteSizeNeeds(keep, length, tokens, t0, &result);
+  CAPSULE_RETURN_IF_ERROR(NoteThreadNeeds(replay, options, &result));
   if (result.budget_exhausted) {
     result.needs.push_back("the replay budget (" + std::to_string(options.max_replays) +
                            ") ran out: a smaller input may still exist");

@@ -75,7 +75,8 @@ void Distributed(const v1::Capsule& c, std::ostream& out) {
   if (!d.dump_reason().empty()) out << "  dump: " << PrintableShort(d.dump_reason()) << "\n";
 }
 
-void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out) {
+// The file, its envelope and signature, the writer and the derivations.
+void SummaryEnvelope(const std::string& file, const DecodedCapsule& d, std::ostream& out) {
   const v1::Capsule& c = *d.capsule;
   const EnvelopeInfo& e = d.envelope;
   out << "capsule " << PrintableShort(file) << "\n";
@@ -98,7 +99,10 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
     out << "  derived " << FormatUnixMicrosUtc(d.derived_unix_micros()) << ": "
         << DescribeDerivation(d) << "\n";
   }
+}
 
+// The trigger, its rule and re-run, and the step history.
+void SummaryTrigger(const v1::Capsule& c, std::ostream& out) {
   const v1::Trigger& t = c.trigger();
   out << "trigger: " << v1::TriggerKind_Name(t.kind()) << " at step " << c.step().global_step()
       << " (observed " << FormatSignificant(t.observed(), 6);
@@ -114,7 +118,10 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
     out << "  history: " << c.step().history_size() << " steps, " << c.step().history(0).step()
         << ".." << c.step().history(c.step().history_size() - 1).step() << "\n";
   }
+}
 
+// The model, its weights (embedded or a named checkpoint) and the first anomalous layer.
+void SummaryModel(const v1::Capsule& c, std::ostream& out) {
   if (!c.model().registry_name().empty()) {
     out << "model: " << PrintableShort(c.model().registry_name()) << " ("
         << (c.model().trainer_path() == v1::REFERENCE ? "reference" : "optimized") << " path), "
@@ -148,7 +155,10 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
     out << "first anomalous layer: none\n";
   }
   if (n.layers_size() > 0) out << "layer stats: " << n.layers_size() << " entries\n";
+}
 
+// The recorded batch and the loss's reduction.
+void SummaryObjective(const v1::Capsule& c, std::ostream& out) {
   const v1::DataBatch& data = c.data();
   if (data.sequences_size() > 0) {
     int64_t tokens = 0;
@@ -167,6 +177,10 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
     if (obj.ranks() > 1) out << " on " << obj.ranks() << " ranks";
     out << "\n";
   }
+}
+
+// The optimizer's groups, its parameters and the step's clipping and loss scale.
+void SummaryOptimizer(const v1::Capsule& c, std::ostream& out) {
   const v1::OptimizerStep& opt = c.optimizer();
   if (opt.params_size() > 0 || opt.groups_size() > 0) {
     int frozen = 0, exempt = 0;
@@ -194,6 +208,10 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
           << FormatSignificant(opt.loss_scale(), 6) << "\n";
     }
   }
+}
+
+// Run events, generators, embedded tensors, identity and environment.
+void SummaryContents(const v1::Capsule& c, std::ostream& out) {
   if (c.events_size() > 0) {
     ShowList(
         c.events(), kMaxListed, out,
@@ -233,6 +251,10 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
         << env.intra_op_threads() << " intra-op threads, " << PrintableShort(env.compiler()) << ", "
         << PrintableShort(env.os()) << "\n";
   }
+}
+
+// The distributed section, capture notes and what redaction dropped.
+void SummaryProvenance(const v1::Capsule& c, std::ostream& out) {
   if (c.has_distributed()) Distributed(c, out);
   ShowList(
       c.capture_notes(), kMaxListed, out,
@@ -249,6 +271,17 @@ void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out
     out << "  unknown fields dropped by redaction: "
         << HumanBytes(c.redaction().unknown_field_bytes_dropped()) << "\n";
   }
+}
+
+void Summary(const std::string& file, const DecodedCapsule& d, std::ostream& out) {
+  SummaryEnvelope(file, d, out);
+  const v1::Capsule& c = *d.capsule;
+  SummaryTrigger(c, out);
+  SummaryModel(c, out);
+  SummaryObjective(c, out);
+  SummaryOptimizer(c, out);
+  SummaryContents(c, out);
+  SummaryProvenance(c, out);
 }
 
 }  // namespace

@@ -244,6 +244,241 @@ ReportReplay ReplayModel(const v1::ReplayReport& r, Limiter& cap) {
   return m;
 }
 
+// The signature state and the trust warning, derivations, the file and what redaction left out.
+void FillTrust(const v1::Capsule& c, const EnvelopeInfo& envelope, const ReportOptions& options,
+               Limiter& cap, ReportModel* m) {
+  const ReportRedaction& redact = options.redact;
+  m->signature = SignatureStateName(envelope.signature);
+  if (envelope.signature_algorithm != kSigAlgNone) m->signer_key_id = HexEncode(envelope.key_id);
+  if (envelope.signature == SignatureState::kUnsigned) {
+    m->trust_warning =
+        "this capsule is UNSIGNED: nothing shows who wrote it or that it is unaltered; treat its "
+        "contents as untrusted";
+  } else if (envelope.signature == SignatureState::kValidUnknownSigner) {
+    m->trust_warning = "this capsule's signature is valid, but signer key " + m->signer_key_id +
+                       " is not a trusted key (--pubkey): it is unaltered since that key signed "
+                       "it, not proof of who holds the key; treat its contents as untrusted";
+  } else if (envelope.signature == SignatureState::kNotChecked) {
+    m->trust_warning = "this capsule's signature was NOT CHECKED: signer key " + m->signer_key_id +
+                       " is not a trusted key (--pubkey); treat its contents as untrusted";
+  }
+  // Whoever signed it, what it was made from is only as trusted as its maker found it.
+  for (const v1::Derivation& d : c.derivations()) m->derivations.push_back(DescribeDerivation(d));
+  if (const v1::Derivation* d = UntrustedSource(c)) {
+    m->trust_warning += std::string(m->trust_warning.empty() ? "" : "; and ") +
+                        "this capsule was " + DescribeDerivation(*d) +
+                        ": its contents come from a capsule no trusted key vouches for";
+  }
+  if (options.trust != nullptr) m->trust = std::make_shared<const v1::InputTrust>(*options.trust);
+  m->file_name = cap.Text(BaseName(options.file_name));
+  m->file_sha256 = options.file_sha256;
+  const bool left_out[] = {redact.text, redact.tokens, redact.paths, redact.host};
+  for (size_t i = 0; i < std::size(kRedactItemNames); ++i) {
+    if (left_out[i]) m->redacted.emplace_back(kRedactItemNames[i]);
+  }
+}
+
+// The run, the trigger, the step and the last steps of its history.
+void FillTriggerAndHistory(const v1::Capsule& c, const ReportOptions& options, Limiter& cap,
+                           ReportModel* m) {
+  m->run_name = cap.Text(c.run_name());
+  m->writer_version = cap.Text(c.writer_version());
+  m->created = FormatUnixMicrosUtc(c.created_unix_micros());
+
+  const v1::Trigger& t = c.trigger();
+  m->trigger_kind = v1::TriggerKind_Name(t.kind());
+  m->trigger_observed = t.observed();
+  m->trigger_threshold = t.threshold();
+  m->trigger_rule = cap.Text(t.rule());
+  m->trigger_message = cap.Text(t.message(), 1024);
+  if (t.capture_rerun() != v1::REPRODUCTION_UNSPECIFIED) {
+    m->capture_rerun = v1::Reproduction_Name(t.capture_rerun());
+  }
+  m->step = c.step().global_step();
+  m->micro_batch = c.step().micro_batch();
+  m->epoch = c.step().epoch();
+  m->tokens_seen = c.step().tokens_seen();
+  const int history_count = c.step().history_size();
+  const int history_from = std::max(0, history_count - std::max(1, options.limits.history_points));
+  cap.LeftOut(history_from, "older steps of the history");
+  for (int i = history_from; i < history_count; ++i) {
+    const v1::StepScalars& h = c.step().history(i);
+    ReportHistoryRow row;
+    row.step = h.step();
+    if (h.has_loss()) row.loss = h.loss();
+    if (h.has_grad_norm()) row.grad_norm = h.grad_norm();
+    row.trigger = h.step() == m->step;
+    m->history.push_back(row);
+  }
+  m->history_table_from =
+      std::max(0, static_cast<int>(m->history.size()) - std::max(1, options.max_history_rows));
+}
+
+// The model, its files and config, the environment and the placement.
+void FillIdentity(const v1::Capsule& c, const ReportOptions& options, Limiter& cap,
+                  ReportModel* m) {
+  const ReportRedaction& redact = options.redact;
+  m->model_registry_name = cap.Text(c.model().registry_name());
+  m->model_path = PathName(c.model().trainer_path());
+  const v1::Identity& id = c.identity();
+  m->model_sha256 = cap.Text(id.model_sha256());
+  m->model_parameter_count = id.model_parameter_count();
+  for (int i = 0; i < id.files_size() && i < options.limits.files; ++i) {
+    const v1::FileIdentity& f = id.files(i);
+    m->files.push_back({cap.Text(f.role()), cap.Text(f.name()),
+                        cap.Text(redact.paths ? BaseName(f.path()) : f.path()), f.size_bytes(),
+                        cap.Text(f.sha256())});
+  }
+  cap.LeftOut(id.files_size() - options.limits.files, "identity files");
+  m->config_sha256 = cap.Text(id.config_sha256());
+  m->config_text = cap.Text(id.config_text(), options.limits.config_text_bytes);
+  m->code_revision = cap.Text(id.code_revision());
+
+  if (c.has_environment()) FillEnvironment(c.environment(), redact, cap, &m->environment);
+  if (c.has_placement()) {
+    const v1::Placement& p = c.placement();
+    m->placement = {
+        {"rank", std::to_string(p.rank())},
+        {"world size", std::to_string(p.world_size())},
+        {"local rank", std::to_string(p.local_rank())},
+        {"data / tensor / pipeline parallel rank",
+         std::to_string(p.data_parallel_rank()) + " / " + std::to_string(p.tensor_parallel_rank()) +
+             " / " + std::to_string(p.pipeline_parallel_rank())},
+        {"device", p.device().empty() ? "-" : cap.Text(p.device())}};
+  }
+}
+
+// The first anomaly and the rows of layer statistics around it.
+void FillLayers(const v1::Capsule& c, const ReportOptions& options, Limiter& cap, ReportModel* m) {
+  const v1::Numerics& n = c.numerics();
+  m->first_anomalous_layer = cap.Text(n.first_anomalous_layer());
+  m->first_anomalous_phase =
+      m->first_anomalous_layer.empty() ? "" : PhaseName(n.first_anomalous_phase());
+  m->anomaly_reason = cap.Text(n.anomaly_reason());
+  // The capsule's first anomaly, or else its first flagged layer: what the rows centre on.
+  int stats_anchor = -1;
+  for (int i = 0; i < n.layers_size() && stats_anchor < 0; ++i) {
+    const v1::LayerStats& l = n.layers(i);
+    if (!n.first_anomalous_layer().empty() && l.name() == n.first_anomalous_layer() &&
+        l.phase() == n.first_anomalous_phase()) {
+      stats_anchor = i;
+    }
+  }
+  const bool named_anomaly = stats_anchor >= 0;
+  for (int i = 0; i < n.layers_size() && stats_anchor < 0; ++i) {
+    if (n.layers(i).anomalous()) stats_anchor = i;
+  }
+  const auto [stats_from, stats_to] =
+      cap.Window(n.layers_size(), stats_anchor, options.limits.layers, "layer stats");
+  int anchor = -1;
+  for (int i = stats_from; i < stats_to; ++i) {
+    ReportLayerRow row = LayerRow(n.layers(i), cap);
+    if (i == stats_anchor) {
+      row.first_anomaly = named_anomaly;
+      anchor = static_cast<int>(m->layers.size());
+    }
+    m->layers.push_back(std::move(row));
+  }
+  const int count = static_cast<int>(m->layers.size());
+  int from = 0;
+  int to = std::min(count, options.max_layer_rows);
+  if (anchor >= 0) {
+    from = std::max(0, anchor - options.layer_context);
+    to = std::min(count, anchor + options.layer_context + 1);
+  }
+  m->layer_window_from = from;
+  m->layer_window.assign(m->layers.begin() + from, m->layers.begin() + to);
+}
+
+// The batch's sequences (tokens and text unless redacted) and the tail of the log.
+void FillDataAndLog(const v1::Capsule& c, const ReportOptions& options, Limiter& cap,
+                    ReportModel* m) {
+  const ReportRedaction& redact = options.redact;
+  const v1::DataBatch& data = c.data();
+  for (int i = 0; i < data.sequences_size() && i < options.limits.sequences; ++i) {
+    const v1::Sequence& s = data.sequences(i);
+    ReportSequence seq;
+    seq.sample_id = cap.Text(s.sample_id());
+    seq.token_count = s.token_ids_size() > 0 ? s.token_ids_size() : s.token_count();
+    if (!redact.tokens) {
+      const int shown = std::min(s.token_ids_size(), options.limits.tokens_per_sequence);
+      seq.token_ids.assign(s.token_ids().begin(), s.token_ids().begin() + shown);
+      cap.LeftOut(s.token_ids_size() - shown, "token ids of sequence " + std::to_string(i));
+    }
+    if (!redact.text) {
+      // Raw bytes that are not UTF-8 are shown with those bytes escaped ("caf\xc3").
+      seq.raw_text = s.raw_text().empty()
+                         ? EscapeInvalidUtf8(cap.Text(s.raw_bytes(), options.limits.raw_text_bytes))
+                         : cap.Text(s.raw_text(), options.limits.raw_text_bytes);
+    }
+    m->sequences.push_back(std::move(seq));
+  }
+  cap.LeftOut(data.sequences_size() - options.limits.sequences, "sequences of the batch");
+  const int log_count = c.log().lines_size();
+  const int log_from = std::max(0, log_count - options.limits.log_lines);
+  cap.LeftOut(log_from, "older log lines");
+  for (int i = log_from; i < log_count; ++i) {
+    m->log_lines.push_back(cap.Text(c.log().lines(i), options.limits.log_line_bytes));
+  }
+  m->log_error = cap.Text(c.log().error(), 1024);
+}
+
+// What the report shows that may be private, for the redaction advice.
+void ListPrivateData(const v1::Capsule& c, const ReportRedaction& redact, ReportModel* m) {
+  int with_text = 0;
+  int with_tokens = 0;
+  for (const ReportSequence& s : m->sequences) {
+    with_text += !s.raw_text.empty();
+    with_tokens += !s.token_ids.empty();
+  }
+  auto sequences = [](int n) { return std::to_string(n) + (n == 1 ? " sequence" : " sequences"); };
+  if (with_text > 0)
+    m->private_data.push_back({"text", "raw sample text of " + sequences(with_text)});
+  if (with_tokens > 0) {
+    m->private_data.push_back({"tokens", "token ids of " + sequences(with_tokens)});
+  }
+  const bool has_dirs = std::any_of(m->files.begin(), m->files.end(), [](const ReportFile& f) {
+    return f.path.find('/') != std::string::npos;
+  });
+  if (has_dirs) m->private_data.push_back({"paths", "file paths with their directories"});
+  if (!redact.host && !c.environment().hostname().empty()) {
+    m->private_data.push_back({"host", "the host name"});
+  }
+}
+
+// One sentence: the trigger, the first anomalous layer and the diagnosis.
+void Summarize(ReportModel* m) {
+  std::ostringstream summary;
+  summary << m->trigger_kind << " at step " << m->step << " of run \"" << m->run_name
+          << "\" (observed " << FormatSignificant(m->trigger_observed, 6);
+  if (m->trigger_threshold != 0)
+    summary << ", threshold " << FormatSignificant(m->trigger_threshold, 6);
+  summary << ")";
+  if (!m->first_anomalous_layer.empty()) {
+    summary << "; first anomalous layer " << m->first_anomalous_layer;
+    if (!m->anomaly_reason.empty()) summary << " (" << m->anomaly_reason << ")";
+  }
+  if (m->replay) {
+    summary << "; diagnosis " << m->replay->diagnosis;
+    if (!m->replay->first_divergent_layer.empty()) {
+      summary << ", first divergent layer " << m->replay->first_divergent_layer;
+    }
+  }
+  m->summary = summary.str();
+}
+
+// The commands that verify and replay the capsule.
+void FillCommands(const v1::Capsule& c, const EnvelopeInfo& envelope, ReportModel* m) {
+  const std::string trust =
+      envelope.signature == SignatureState::kUnsigned ? "--allow-unsigned" : "--pubkey SIGNER.pub";
+  // A name a shell could not be given as typed is shown escaped (base/printable.h).
+  const std::string file = ShellQuote(Printable(m->file_name));
+  m->verify_command = "capsule verify " + file + " --pubkey SIGNER.pub";
+  const ReplayTool tool = ReplayToolFor(c);
+  m->replay_command =
+      tool.program + " replay " + file + " " + tool.model_args + " " + trust + " --bisect";
+}
+
 }  // namespace
 
 std::string ReplayReportToJson(const v1::ReplayReport& report) {
@@ -270,211 +505,15 @@ ReportModel BuildReportModel(const v1::Capsule& c, const EnvelopeInfo& envelope,
   Limiter cap(options.limits);
   ReportModel m;
   m.markdown_chars = options.limits.markdown_chars;
-  m.signature = SignatureStateName(envelope.signature);
-  if (envelope.signature_algorithm != kSigAlgNone) m.signer_key_id = HexEncode(envelope.key_id);
-  if (envelope.signature == SignatureState::kUnsigned) {
-    m.trust_warning =
-        "this capsule is UNSIGNED: nothing shows who wrote it or that it is unaltered; treat its "
-        "contents as untrusted";
-  } else if (envelope.signature == SignatureState::kValidUnknownSigner) {
-    m.trust_warning = "this capsule's signature is valid, but signer key " + m.signer_key_id +
-                      " is not a trusted key (--pubkey): it is unaltered since that key signed "
-                      "it, not proof of who holds the key; treat its contents as untrusted";
-  } else if (envelope.signature == SignatureState::kNotChecked) {
-    m.trust_warning = "this capsule's signature was NOT CHECKED: signer key " + m.signer_key_id +
-                      " is not a trusted key (--pubkey); treat its contents as untrusted";
-  }
-  // Whoever signed it, what it was made from is only as trusted as its maker found it.
-  for (const v1::Derivation& d : c.derivations()) m.derivations.push_back(DescribeDerivation(d));
-  if (const v1::Derivation* d = UntrustedSource(c)) {
-    m.trust_warning += std::string(m.trust_warning.empty() ? "" : "; and ") + "this capsule was " +
-                       DescribeDerivation(*d) +
-                       ": its contents come from a capsule no trusted key vouches for";
-  }
-  if (options.trust != nullptr) m.trust = std::make_shared<const v1::InputTrust>(*options.trust);
-  m.file_name = cap.Text(BaseName(options.file_name));
-  m.file_sha256 = options.file_sha256;
-  const bool left_out[] = {redact.text, redact.tokens, redact.paths, redact.host};
-  for (size_t i = 0; i < std::size(kRedactItemNames); ++i) {
-    if (left_out[i]) m.redacted.emplace_back(kRedactItemNames[i]);
-  }
-
-  m.run_name = cap.Text(c.run_name());
-  m.writer_version = cap.Text(c.writer_version());
-  m.created = FormatUnixMicrosUtc(c.created_unix_micros());
-
-  const v1::Trigger& t = c.trigger();
-  m.trigger_kind = v1::TriggerKind_Name(t.kind());
-  m.trigger_observed = t.observed();
-  m.trigger_threshold = t.threshold();
-  m.trigger_rule = cap.Text(t.rule());
-  m.trigger_message = cap.Text(t.message(), 1024);
-  if (t.capture_rerun() != v1::REPRODUCTION_UNSPECIFIED) {
-    m.capture_rerun = v1::Reproduction_Name(t.capture_rerun());
-  }
-  m.step = c.step().global_step();
-  m.micro_batch = c.step().micro_batch();
-  m.epoch = c.step().epoch();
-  m.tokens_seen = c.step().tokens_seen();
-  const int history_count = c.step().history_size();
-  const int history_from = std::max(0, history_count - std::max(1, options.limits.history_points));
-  cap.LeftOut(history_from, "older steps of the history");
-  for (int i = history_from; i < history_count; ++i) {
-    const v1::StepScalars& h = c.step().history(i);
-    ReportHistoryRow row;
-    row.step = h.step();
-    if (h.has_loss()) row.loss = h.loss();
-    if (h.has_grad_norm()) row.grad_norm = h.grad_norm();
-    row.trigger = h.step() == m.step;
-    m.history.push_back(row);
-  }
-  m.history_table_from =
-      std::max(0, static_cast<int>(m.history.size()) - std::max(1, options.max_history_rows));
-
-  m.model_registry_name = cap.Text(c.model().registry_name());
-  m.model_path = PathName(c.model().trainer_path());
-  const v1::Identity& id = c.identity();
-  m.model_sha256 = cap.Text(id.model_sha256());
-  m.model_parameter_count = id.model_parameter_count();
-  for (int i = 0; i < id.files_size() && i < options.limits.files; ++i) {
-    const v1::FileIdentity& f = id.files(i);
-    m.files.push_back({cap.Text(f.role()), cap.Text(f.name()),
-                       cap.Text(redact.paths ? BaseName(f.path()) : f.path()), f.size_bytes(),
-                       cap.Text(f.sha256())});
-  }
-  cap.LeftOut(id.files_size() - options.limits.files, "identity files");
-  m.config_sha256 = cap.Text(id.config_sha256());
-  m.config_text = cap.Text(id.config_text(), options.limits.config_text_bytes);
-  m.code_revision = cap.Text(id.code_revision());
-
-  if (c.has_environment()) FillEnvironment(c.environment(), redact, cap, &m.environment);
-  if (c.has_placement()) {
-    const v1::Placement& p = c.placement();
-    m.placement = {
-        {"rank", std::to_string(p.rank())},
-        {"world size", std::to_string(p.world_size())},
-        {"local rank", std::to_string(p.local_rank())},
-        {"data / tensor / pipeline parallel rank",
-         std::to_string(p.data_parallel_rank()) + " / " + std::to_string(p.tensor_parallel_rank()) +
-             " / " + std::to_string(p.pipeline_parallel_rank())},
-        {"device", p.device().empty() ? "-" : cap.Text(p.device())}};
-  }
-
-  const v1::Numerics& n = c.numerics();
-  m.first_anomalous_layer = cap.Text(n.first_anomalous_layer());
-  m.first_anomalous_phase =
-      m.first_anomalous_layer.empty() ? "" : PhaseName(n.first_anomalous_phase());
-  m.anomaly_reason = cap.Text(n.anomaly_reason());
-  // The capsule's first anomaly, or else its first flagged layer: what the rows centre on.
-  int stats_anchor = -1;
-  for (int i = 0; i < n.layers_size() && stats_anchor < 0; ++i) {
-    const v1::LayerStats& l = n.layers(i);
-    if (!n.first_anomalous_layer().empty() && l.name() == n.first_anomalous_layer() &&
-        l.phase() == n.first_anomalous_phase()) {
-      stats_anchor = i;
-    }
-  }
-  const bool named_anomaly = stats_anchor >= 0;
-  for (int i = 0; i < n.layers_size() && stats_anchor < 0; ++i) {
-    if (n.layers(i).anomalous()) stats_anchor = i;
-  }
-  const auto [stats_from, stats_to] =
-      cap.Window(n.layers_size(), stats_anchor, options.limits.layers, "layer stats");
-  int anchor = -1;
-  for (int i = stats_from; i < stats_to; ++i) {
-    ReportLayerRow row = LayerRow(n.layers(i), cap);
-    if (i == stats_anchor) {
-      row.first_anomaly = named_anomaly;
-      anchor = static_cast<int>(m.layers.size());
-    }
-    m.layers.push_back(std::move(row));
-  }
-  const int count = static_cast<int>(m.layers.size());
-  int from = 0;
-  int to = std::min(count, options.max_layer_rows);
-  if (anchor >= 0) {
-    from = std::max(0, anchor - options.layer_context);
-    to = std::min(count, anchor + options.layer_context + 1);
-  }
-  m.layer_window_from = from;
-  m.layer_window.assign(m.layers.begin() + from, m.layers.begin() + to);
-
-  const v1::DataBatch& data = c.data();
-  for (int i = 0; i < data.sequences_size() && i < options.limits.sequences; ++i) {
-    const v1::Sequence& s = data.sequences(i);
-    ReportSequence seq;
-    seq.sample_id = cap.Text(s.sample_id());
-    seq.token_count = s.token_ids_size() > 0 ? s.token_ids_size() : s.token_count();
-    if (!redact.tokens) {
-      const int shown = std::min(s.token_ids_size(), options.limits.tokens_per_sequence);
-      seq.token_ids.assign(s.token_ids().begin(), s.token_ids().begin() + shown);
-      cap.LeftOut(s.token_ids_size() - shown, "token ids of sequence " + std::to_string(i));
-    }
-    if (!redact.text) {
-      // Raw bytes that are not UTF-8 are shown with those bytes escaped ("caf\xc3").
-      seq.raw_text = s.raw_text().empty()
-                         ? EscapeInvalidUtf8(cap.Text(s.raw_bytes(), options.limits.raw_text_bytes))
-                         : cap.Text(s.raw_text(), options.limits.raw_text_bytes);
-    }
-    m.sequences.push_back(std::move(seq));
-  }
-  cap.LeftOut(data.sequences_size() - options.limits.sequences, "sequences of the batch");
-  const int log_count = c.log().lines_size();
-  const int log_from = std::max(0, log_count - options.limits.log_lines);
-  cap.LeftOut(log_from, "older log lines");
-  for (int i = log_from; i < log_count; ++i) {
-    m.log_lines.push_back(cap.Text(c.log().lines(i), options.limits.log_line_bytes));
-  }
-  m.log_error = cap.Text(c.log().error(), 1024);
-
-  int with_text = 0;
-  int with_tokens = 0;
-  for (const ReportSequence& s : m.sequences) {
-    with_text += !s.raw_text.empty();
-    with_tokens += !s.token_ids.empty();
-  }
-  auto sequences = [](int n) { return std::to_string(n) + (n == 1 ? " sequence" : " sequences"); };
-  if (with_text > 0)
-    m.private_data.push_back({"text", "raw sample text of " + sequences(with_text)});
-  if (with_tokens > 0) {
-    m.private_data.push_back({"tokens", "token ids of " + sequences(with_tokens)});
-  }
-  const bool has_dirs = std::any_of(m.files.begin(), m.files.end(), [](const ReportFile& f) {
-    return f.path.find('/') != std::string::npos;
-  });
-  if (has_dirs) m.private_data.push_back({"paths", "file paths with their directories"});
-  if (!redact.host && !c.environment().hostname().empty()) {
-    m.private_data.push_back({"host", "the host name"});
-  }
-
+  FillTrust(c, envelope, options, cap, &m);
+  FillTriggerAndHistory(c, options, cap, &m);
+  FillIdentity(c, options, cap, &m);
+  FillLayers(c, options, cap, &m);
+  FillDataAndLog(c, options, cap, &m);
+  ListPrivateData(c, redact, &m);
   if (replay != nullptr) m.replay = ReplayModel(*replay, cap);
-
-  std::ostringstream summary;
-  summary << m.trigger_kind << " at step " << m.step << " of run \"" << m.run_name
-          << "\" (observed " << FormatSignificant(m.trigger_observed, 6);
-  if (m.trigger_threshold != 0)
-    summary << ", threshold " << FormatSignificant(m.trigger_threshold, 6);
-  summary << ")";
-  if (!m.first_anomalous_layer.empty()) {
-    summary << "; first anomalous layer " << m.first_anomalous_layer;
-    if (!m.anomaly_reason.empty()) summary << " (" << m.anomaly_reason << ")";
-  }
-  if (m.replay) {
-    summary << "; diagnosis " << m.replay->diagnosis;
-    if (!m.replay->first_divergent_layer.empty()) {
-      summary << ", first divergent layer " << m.replay->first_divergent_layer;
-    }
-  }
-  m.summary = summary.str();
-
-  const std::string trust =
-      envelope.signature == SignatureState::kUnsigned ? "--allow-unsigned" : "--pubkey SIGNER.pub";
-  // A name a shell could not be given as typed is shown escaped (base/printable.h).
-  const std::string file = ShellQuote(Printable(m.file_name));
-  m.verify_command = "capsule verify " + file + " --pubkey SIGNER.pub";
-  const ReplayTool tool = ReplayToolFor(c);
-  m.replay_command =
-      tool.program + " replay " + file + " " + tool.model_args + " " + trust + " --bisect";
+  Summarize(&m);
+  FillCommands(c, envelope, &m);
   m.left_out = cap.Finish();
   return m;
 }

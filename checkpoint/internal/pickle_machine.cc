@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -13,147 +14,86 @@ namespace {
 
 // Python's pickle opcodes (Lib/pickletools.py), by name, for messages; the ones run are the
 // cases of Machine::Step.
+struct OpcodeEntry {
+  uint8_t op;
+  const char* name;
+};
+
 const char* OpcodeName(uint8_t op) {
-  switch (op) {
-    case '(':
-      return "MARK";
-    case '.':
-      return "STOP";
-    case '0':
-      return "POP";
-    case '1':
-      return "POP_MARK";
-    case '2':
-      return "DUP";
-    case 'F':
-      return "FLOAT";
-    case 'I':
-      return "INT";
-    case 'J':
-      return "BININT";
-    case 'K':
-      return "BININT1";
-    case 'L':
-      return "LONG";
-    case 'M':
-      return "BININT2";
-    case 'N':
-      return "NONE";
-    case 'P':
-      return "PERSID";
-    case 'Q':
-      return "BINPERSID";
-    case 'R':
-      return "REDUCE";
-    case 'S':
-      return "STRING";
-    case 'T':
-      return "BINSTRING";
-    case 'U':
-      return "SHORT_BINSTRING";
-    case 'V':
-      return "UNICODE";
-    case 'X':
-      return "BINUNICODE";
-    case 'a':
-      return "APPEND";
-    case 'b':
-      return "BUILD";
-    case 'c':
-      return "GLOBAL";
-    case 'd':
-      return "DICT";
-    case '}':
-      return "EMPTY_DICT";
-    case 'e':
-      return "APPENDS";
-    case 'g':
-      return "GET";
-    case 'h':
-      return "BINGET";
-    case 'i':
-      return "INST";
-    case 'j':
-      return "LONG_BINGET";
-    case 'l':
-      return "LIST";
-    case ']':
-      return "EMPTY_LIST";
-    case 'o':
-      return "OBJ";
-    case 'p':
-      return "PUT";
-    case 'q':
-      return "BINPUT";
-    case 'r':
-      return "LONG_BINPUT";
-    case 's':
-      return "SETITEM";
-    case 't':
-      return "TUPLE";
-    case ')':
-      return "EMPTY_TUPLE";
-    case 'u':
-      return "SETITEMS";
-    case 'G':
-      return "BINFLOAT";
-    case 'B':
-      return "BINBYTES";
-    case 'C':
-      return "SHORT_BINBYTES";
-    case 0x80:
-      return "PROTO";
-    case 0x81:
-      return "NEWOBJ";
-    case 0x82:
-      return "EXT1";
-    case 0x83:
-      return "EXT2";
-    case 0x84:
-      return "EXT4";
-    case 0x85:
-      return "TUPLE1";
-    case 0x86:
-      return "TUPLE2";
-    case 0x87:
-      return "TUPLE3";
-    case 0x88:
-      return "NEWTRUE";
-    case 0x89:
-      return "NEWFALSE";
-    case 0x8a:
-      return "LONG1";
-    case 0x8b:
-      return "LONG4";
-    case 0x8c:
-      return "SHORT_BINUNICODE";
-    case 0x8d:
-      return "BINUNICODE8";
-    case 0x8e:
-      return "BINBYTES8";
-    case 0x8f:
-      return "EMPTY_SET";
-    case 0x90:
-      return "ADDITEMS";
-    case 0x91:
-      return "FROZENSET";
-    case 0x92:
-      return "NEWOBJ_EX";
-    case 0x93:
-      return "STACK_GLOBAL";
-    case 0x94:
-      return "MEMOIZE";
-    case 0x95:
-      return "FRAME";
-    case 0x96:
-      return "BYTEARRAY8";
-    case 0x97:
-      return "NEXT_BUFFER";
-    case 0x98:
-      return "READONLY_BUFFER";
-    default:
-      return nullptr;
+  static constexpr OpcodeEntry kOpcodes[] = {
+      {'(', "MARK"},
+      {'.', "STOP"},
+      {'0', "POP"},
+      {'1', "POP_MARK"},
+      {'2', "DUP"},
+      {'F', "FLOAT"},
+      {'I', "INT"},
+      {'J', "BININT"},
+      {'K', "BININT1"},
+      {'L', "LONG"},
+      {'M', "BININT2"},
+      {'N', "NONE"},
+      {'P', "PERSID"},
+      {'Q', "BINPERSID"},
+      {'R', "REDUCE"},
+      {'S', "STRING"},
+      {'T', "BINSTRING"},
+      {'U', "SHORT_BINSTRING"},
+      {'V', "UNICODE"},
+      {'X', "BINUNICODE"},
+      {'a', "APPEND"},
+      {'b', "BUILD"},
+      {'c', "GLOBAL"},
+      {'d', "DICT"},
+      {'}', "EMPTY_DICT"},
+      {'e', "APPENDS"},
+      {'g', "GET"},
+      {'h', "BINGET"},
+      {'i', "INST"},
+      {'j', "LONG_BINGET"},
+      {'l', "LIST"},
+      {']', "EMPTY_LIST"},
+      {'o', "OBJ"},
+      {'p', "PUT"},
+      {'q', "BINPUT"},
+      {'r', "LONG_BINPUT"},
+      {'s', "SETITEM"},
+      {'t', "TUPLE"},
+      {')', "EMPTY_TUPLE"},
+      {'u', "SETITEMS"},
+      {'G', "BINFLOAT"},
+      {'B', "BINBYTES"},
+      {'C', "SHORT_BINBYTES"},
+      {0x80, "PROTO"},
+      {0x81, "NEWOBJ"},
+      {0x82, "EXT1"},
+      {0x83, "EXT2"},
+      {0x84, "EXT4"},
+      {0x85, "TUPLE1"},
+      {0x86, "TUPLE2"},
+      {0x87, "TUPLE3"},
+      {0x88, "NEWTRUE"},
+      {0x89, "NEWFALSE"},
+      {0x8a, "LONG1"},
+      {0x8b, "LONG4"},
+      {0x8c, "SHORT_BINUNICODE"},
+      {0x8d, "BINUNICODE8"},
+      {0x8e, "BINBYTES8"},
+      {0x8f, "EMPTY_SET"},
+      {0x90, "ADDITEMS"},
+      {0x91, "FROZENSET"},
+      {0x92, "NEWOBJ_EX"},
+      {0x93, "STACK_GLOBAL"},
+      {0x94, "MEMOIZE"},
+      {0x95, "FRAME"},
+      {0x96, "BYTEARRAY8"},
+      {0x97, "NEXT_BUFFER"},
+      {0x98, "READONLY_BUFFER"},
+  };
+  for (const OpcodeEntry& entry : kOpcodes) {
+    if (entry.op == op) return entry.name;
   }
+  return nullptr;
 }
 
 std::string Hex(uint8_t b) {
@@ -309,6 +249,14 @@ class Machine {
 
   // ---- the opcodes ----
   Status Step() {
+    if (std::optional<Status> s = StepScalar()) return *std::move(s);
+    if (std::optional<Status> s = StepContainer()) return *std::move(s);
+    if (std::optional<Status> s = StepMemoOrObject()) return *std::move(s);
+    return UnknownOpcode();
+  }
+
+  // Framing, MARK and the scalar values; nullopt when op_ is not one of them.
+  std::optional<Status> StepScalar() {
     switch (op_) {
       case 0x80: {  // PROTO
         CAPSULE_ASSIGN_OR_RETURN(uint64_t v, TakeLe(1));
@@ -378,6 +326,14 @@ class Machine {
         pos_ += static_cast<size_t>(n);
         return Push(v);
       }
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // Lists, tuples and dicts, built and filled; nullopt when op_ is not one of them.
+  std::optional<Status> StepContainer() {
+    switch (op_) {
       case ']':
         return PushObject(ObjectKind::kList);
       case ')':
@@ -426,6 +382,14 @@ class Machine {
         CAPSULE_ASSIGN_OR_RETURN(PickleValue * target, Top());
         return SetItemsOn(*target, items);
       }
+      default:
+        return std::nullopt;
+    }
+  }
+
+  // The memo, globals and the objects they build; nullopt when op_ is not one of them.
+  std::optional<Status> StepMemoOrObject() {
+    switch (op_) {
       case 'q':    // BINPUT
       case 'r': {  // LONG_BINPUT
         CAPSULE_ASSIGN_OR_RETURN(uint64_t index, TakeLe(op_ == 'q' ? 1 : 4));
@@ -465,13 +429,16 @@ class Machine {
         return NewObj();
       case 'b':
         return Build();
-      default: {
-        const char* name = OpcodeName(op_);
-        if (name == nullptr) return Error("byte " + Hex(op_) + " is not a pickle opcode");
-        return Error(std::string("pickle opcode ") + name + " (" + Hex(op_) +
-                     ") is not one a state dict is written with; this reader runs only those");
-      }
+      default:
+        return std::nullopt;
     }
+  }
+
+  Status UnknownOpcode() const {
+    const char* name = OpcodeName(op_);
+    if (name == nullptr) return Error("byte " + Hex(op_) + " is not a pickle opcode");
+    return Error(std::string("pickle opcode ") + name + " (" + Hex(op_) +
+                 ") is not one a state dict is written with; this reader runs only those");
   }
 
   Status PushContainer(ObjectKind kind, std::vector<PickleValue> items) {

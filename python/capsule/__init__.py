@@ -380,16 +380,16 @@ def _float(x):
 class Monitor:
     """The trainer-side hook (C++ ``capsule::Monitor``): triggers on a non-finite or spiking loss or
     gradient norm, exceptions and requests; writes one signed capsule per trigger within its rate
-    limits; never stops the trainer. Options, as ``MonitorOptions`` in capture/monitor.h with
-    the same defaults: capsule_dir, signing_key, run_name, max_capsules,
-    min_steps_between_same_kind, weight_policy ("all", "anomalous_layer", "none"),
-    max_weight_bytes, weights_checkpoint, history_length, log_lines, trigger_non_finite_loss,
-    trigger_non_finite_grad, trigger_loss_spike, trigger_grad_norm_spike, loss_spike and
-    grad_norm_spike (dicts of window, warmup, mads, min_ratio, detrend, min_rise, max_rise: see
-    ``spike_threshold``), rerun, declared_frozen (the names or glob patterns of the parameters
-    meant to stay frozen), background_write,
-    background_queue_depth, rank, world_size, local_rank, device, annotations, log_sink. An
+    limits; never stops the trainer. Its keyword options are ``MonitorOptions``' fields
+    (capture/monitor.h, where each is documented) with the same defaults, listed in
+    ``Monitor.OPTIONS`` as the engine declares them (signing_key sets signing_key_path);
+    weight_policy is "all", "anomalous_layer" or "none"; loss_spike and grad_norm_spike are dicts
+    of window, warmup, mads, min_ratio, detrend, min_rise, max_rise (see ``spike_threshold``);
+    declared_frozen lists the names or glob patterns of the parameters meant to stay frozen. An
     unknown option is refused."""
+
+    # The keywords the engine takes, one per MonitorOptions field, in its order.
+    OPTIONS = tuple(keyword for keyword, _ in _capsule.MONITOR_OPTIONS)
 
     def __init__(self, **options):
         self._m = _capsule._Monitor(**options)
@@ -483,6 +483,9 @@ class Monitor:
         return self._m.capsules_written
 
 
+Monitor.__doc__ += "\n\n    Options: " + ", ".join(Monitor.OPTIONS) + "."
+
+
 class OptimizerProbe:
     """The optimizer step of a ``Monitor`` (``Monitor.attach_optimizer``). Nothing is copied on a
     step without a capture. A failure to read the optimizer is logged and noted in the capsule;
@@ -533,7 +536,7 @@ def _not_captured(optimizer):
 
 
 def _optimizer_state(optimizer, named):
-    """What the C++ probe reads of a torch.optim optimizer (python/capsule_py.cc,
+    """What the C++ probe reads of a torch.optim optimizer (python/py_monitor.cc,
     OptimizerStateFrom)."""
     kind, cls = _optimizer_kind(optimizer)
     groups, group_of = [], {}

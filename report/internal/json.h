@@ -1,9 +1,5 @@
-// The report library's JSON: protobuf's JSON mapping over a message. Not installed.
-//
-// Field names are the .proto's, and every field is printed, defaults included, except proto3
-// `optional` fields that are unset and absent messages: a reader finds a key whatever its value,
-// and an absent key means "none". Non-finite doubles are "NaN", "Infinity", "-Infinity"; 64-bit
-// integers are strings; '<' and '>' are escaped, so the text can sit inside an HTML page.
+// The report library's JSON: one line of the project's JSON mapping (format/json.h) with a
+// trailing newline. Not installed.
 //
 // Thread safety: pure function; thread-safe.
 #ifndef CAPSULE_REPORT_INTERNAL_JSON_H_
@@ -11,14 +7,14 @@
 
 #include <string>
 
-namespace google::protobuf {
-class Message;
-}  // namespace google::protobuf
+#include "capsule/format/json.h"
 
 namespace capsule::internal {
 
 // One line of JSON, with a trailing newline.
-std::string PrintJson(const google::protobuf::Message& message);
+inline std::string PrintJson(const google::protobuf::Message& message) {
+  return MessageToJson(message) + "\n";
+}
 
 }  // namespace capsule::internal
 

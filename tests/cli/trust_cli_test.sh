@@ -191,6 +191,9 @@ if [ -n "$trainer" ] && [ -n "$plugin" ]; then
   expect gate-untrusted 3 "not trusted" gate gate --plugin "$plugin" --pubkey team.pub --json
   [ "$(json gate-untrusted '(d["untrusted"], d["entries"][0]["error"])')" = "(1, 'not trusted (exit status 3)')" ] ||
     bad gate-untrusted "$(cat "$work/gate-untrusted.out")"
+  # JSON is one line, as every command prints it (format/json.h).
+  [ "$(wc -l < "$work/gate-untrusted.out")" = 1 ] ||
+    bad gate-json-line "$(wc -l < "$work/gate-untrusted.out") lines"
   expect replay-allowed 0 '"capsule_trust"' replay "$tiny" --plugin "$plugin" --pubkey team.pub --allow-untrusted --json
   [ "$(json replay-allowed '(d["capsule_trust"]["signature"], d["capsule_trust"]["trusted"])')" = \
     "('TRUST_VALID_UNKNOWN_SIGNER', False)" ] || bad replay-allowed "$(head -c 600 "$work/replay-allowed.out")"
