@@ -157,6 +157,16 @@ std::vector<std::pair<const char*, double>> RedoAdam(const v1::Capsule& c, const
   at::Tensor v0 = Load(c, p.exp_avg_sq());
   if (!m0.defined()) m0 = at::zeros_like(before);
   if (!v0.defined()) v0 = at::zeros_like(before);
+  const at::Tensor m_after = Load(c, p.exp_avg_after());
+  const at::Tensor v_after = Load(c, p.exp_avg_sq_after());
+  const std::vector<const at::Tensor*> recorded = {&grad, &after, &m0, &v0, &m_after, &v_after};
+  for (const at::Tensor* t : recorded) {
+    if (t->defined() && t->sizes() != before.sizes()) {
+      *why_not = "a recorded gradient or state tensor of " + p.name() +
+                 " does not have the parameter's shape";
+      return {};
+    }
+  }
   const double lr = g.lr(), b1 = g.beta1(), b2 = g.beta2(), eps = g.eps(), wd = g.weight_decay();
   const int64_t t = p.step_before() + 1;
   at::Tensor gr = g.maximize() ? -grad : grad;  // torch's maximize ascends
@@ -176,8 +186,6 @@ std::vector<std::pair<const char*, double>> RedoAdam(const v1::Capsule& c, const
                              kOptimizerUpdateRelTol * (expected - before).abs() + 1e-30;
   std::vector<std::pair<const char*, double>> ratios = {
       {"parameter", WorstRatio(after, expected, p_bound)}};
-  const at::Tensor m_after = Load(c, p.exp_avg_after());
-  const at::Tensor v_after = Load(c, p.exp_avg_sq_after());
   if (m_after.defined()) {
     const at::Tensor bound =
         kOptimizerMomentRelTol * ((b1 * m0).abs() + ((1 - b1) * gr).abs()) + 1e-30;

@@ -27,6 +27,9 @@ std::string Unsupported(const TriageInput& in) {
     return "the logits' shape does not match the labels'";
   }
   if (in.logits.size(2) < 2 || b.labels.size(1) < 2) return "a vocabulary or sequence of one";
+  if (b.loss_mask.defined() && b.loss_mask.sizes() != b.labels.sizes()) {
+    return "the loss mask's shape does not match the labels'";
+  }
   return "";
 }
 
@@ -36,7 +39,7 @@ struct Tokens {
   at::Tensor loss;      // [B, T'] FP64, 0 where there is no target
   at::Tensor unmasked;  // [B, T'] FP64, the same with the loss mask ignored
   at::Tensor valid;     // [B, T'] a target: label != -100, inside the vocabulary, loss mask set
-  at::Tensor oov;       // [B, T'] a label outside [0, V) that is not -100
+  at::Tensor oov;       // [B, T'] a label outside [0, V) that is not -100, loss mask set
   at::Tensor any;       // [B, T'] label != -100, ignoring the loss mask
   at::Tensor padded;    // [B, T'] the predicting position is padding (attention_mask == 0)
   at::Tensor prompt;    // [B, T'] the target is a prompt token (response_mask == 0); undefined
@@ -66,8 +69,10 @@ Tokens Align(const TriageInput& in, bool shifted) {
   if (response.defined() && response.sizes() == labels.sizes()) out.prompt = response.eq(0);
   out.vocab = scores.size(2);
   const at::Tensor has_target = labels.ne(-100);
-  out.oov = has_target.logical_and(labels.lt(0).logical_or(labels.ge(out.vocab)));
-  out.any = has_target.logical_and(out.oov.logical_not());
+  const at::Tensor outside = has_target.logical_and(labels.lt(0).logical_or(labels.ge(out.vocab)));
+  out.any = has_target.logical_and(outside.logical_not());
+  // A filler label the loss mask leaves out is no target, whatever its value.
+  out.oov = mask.defined() ? outside.logical_and(mask.ne(0)) : outside;
   out.valid = mask.defined() ? out.any.logical_and(mask.ne(0)) : out.any;
   const at::Tensor targets = labels.masked_fill(out.any.logical_not(), 0).unsqueeze(-1);
   const at::Tensor all = -at::log_softmax(scores, -1).gather(-1, targets).squeeze(-1);
@@ -591,6 +596,7 @@ void JudgeData(const TriageInput& in, v1::StageReport& r) {
   // The data stage judges the real tokens: targets predicted from padding are the objective's
   // business (objective.padding_in_loss).
   t.valid = t.valid.logical_and(t.padded.logical_not());
+  t.oov = t.oov.logical_and(t.padded.logical_not());
   t.loss = t.loss * t.valid.to(at::kDouble);
   const SampleStats s = CountSamples(t);
   CheckOutOfVocab(in, s, t.vocab, r);

@@ -216,10 +216,7 @@ TEST(TriageChecksTest, LabelsOutsideTheVocabularyNameTheSample) {
 
 // The data stage judges real tokens only (cli/capsule.md, TRIAGE CHECKS): a filler label outside
 // the vocabulary on padding (attention mask 0), out of the loss (loss mask 0), is not bad data.
-// DISABLED: RunDataStage drops padded positions from its targets but not from its count of labels
-// outside the vocabulary (Align's `oov`), so such a batch fails the data stage and the diagnosis
-// says DATA.
-TEST(TriageChecksTest, DISABLED_ALabelOutsideTheVocabularyOnPaddingIsNotBadData) {
+TEST(TriageChecksTest, ALabelOutsideTheVocabularyOnPaddingIsNotBadData) {
   Case c = RandomCase(71);
   const at::Tensor padding = c.batch.attention_mask.eq(0);
   ASSERT_GT(padding.sum().item<int64_t>(), 0);
@@ -511,9 +508,7 @@ TEST(TriageChecksTest, AnAccumulatedLossAveragedOverMicroBatchMeansIsNamed) {
 // blob; a model that does not read the mask replays fine) must not throw out of the stages: the
 // attention and response masks of another shape are ignored there, and InLoss ignores such a loss
 // mask too.
-// DISABLED: Align (triage.cc) combines the loss mask with the labels without comparing their
-// shapes, and RunDataStage and RunObjectiveStage throw c10::Error; nothing in replay catches it.
-TEST(TriageChecksTest, DISABLED_ALossMaskOfAnotherShapeDoesNotThrow) {
+TEST(TriageChecksTest, ALossMaskOfAnotherShapeDoesNotThrow) {
   Case c = RandomCase(67);
   c.batch.loss_mask = at::ones({4, 17}, at::kLong);
   v1::StageReport data, objective;
