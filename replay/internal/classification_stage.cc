@@ -6,13 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/strings.h"
-
 namespace capsule::internal {
 namespace {
-
-std::string Num(double v) { return FormatSignificant(v, 4); }
 
 const v1::Objective* ObjectiveOf(const TriageInput& in) {
   return in.capsule != nullptr ? &in.capsule->objective() : nullptr;
@@ -98,14 +93,12 @@ void NonFiniteInputs(const TriageInput& in, v1::StageReport& r) {
     const int64_t n = bad[b].item<int64_t>();
     if (n == 0) continue;
     ++named;
-    v1::Finding& f = AddFinding(r, "data.non_finite_input", true, static_cast<double>(n), 0, "");
-    f.set_detail(NameSample(in, b, f) + " has " + std::to_string(n) +
-                 " non-finite input values (of " + std::to_string(per_sample) +
-                 "): a corrupt sample or a broken transform (a division by a zero standard "
-                 "deviation, a decode that failed)" +
-                 (named == kMaxSampleFindings && samples > named
-                      ? "; " + std::to_string(samples) + " samples have them in all"
-                      : ""));
+    v1::Finding& f = AddFinding(r, "data.non_finite_input", true, static_cast<double>(n), 0);
+    NameSample(in, b, f);
+    AddFact(f, "per_sample", static_cast<double>(per_sample));
+    if (named == kMaxSampleFindings && samples > named) {
+      AddFact(f, "in_all", static_cast<double>(samples));
+    }
   }
 }
 
@@ -117,16 +110,13 @@ void OutOfRange(const TriageInput& in, const Samples& s, v1::StageReport& r) {
     if (!s.out_of_range[b].item<bool>()) continue;
     ++named;
     const int64_t target = labels[b].item<int64_t>();
-    v1::Finding& f =
-        AddFinding(r, "data.label_out_of_range", true, static_cast<double>(target), 0, "");
-    f.set_detail(NameSample(in, b, f) + " has target class " + std::to_string(target) +
-                 ", outside the model's " + std::to_string(s.classes) + " classes [0, " +
-                 std::to_string(s.classes) + ") and not the ignore index " +
-                 std::to_string(IgnoreIndex(in)) +
-                 ": a label map or class count that does not match the model's head" +
-                 (named == kMaxSampleFindings && total > named
-                      ? "; " + std::to_string(total) + " samples have one in all"
-                      : ""));
+    v1::Finding& f = AddFinding(r, "data.label_out_of_range", true, static_cast<double>(target), 0);
+    NameSample(in, b, f);
+    AddFact(f, "classes", static_cast<double>(s.classes));
+    AddFact(f, "ignore_index", static_cast<double>(IgnoreIndex(in)));
+    if (named == kMaxSampleFindings && total > named) {
+      AddFact(f, "in_all", static_cast<double>(total));
+    }
   }
 }
 
@@ -136,46 +126,48 @@ void ConstantTargets(const TriageInput& in, const Samples& s, v1::StageReport& r
   const int64_t first = targets[0].item<int64_t>();
   if (!targets.eq(first).all().item<bool>()) return;
   const double chance = std::pow(1.0 / static_cast<double>(s.classes), s.count - 1);
-  AddFinding(r, "data.constant_targets", false, s.count, 2,
-             "every one of the " + Num(s.count) + " samples with a target is class " +
-                 std::to_string(first) + " of " + std::to_string(s.classes) +
-                 " (with uniform classes, a chance of " + Num(chance) +
-                 "): a sampler that does not shuffle, or a label column read wrong");
+  v1::Finding& f = AddFinding(r, "data.constant_targets", false, s.count, 2);
+  AddFact(f, "class", static_cast<double>(first));
+  AddFact(f, "classes", static_cast<double>(s.classes));
+  AddFact(f, "chance", chance);
 }
 
-// What the loss may have computed instead of the declared cross-entropy, on the same logits.
-struct Variant {
-  const char* check;
-  double value;
-  std::string why;
+// What the loss may have computed instead of the declared cross-entropy, on the same logits: the
+// checks and the values they would give, and the label smoothing of the other one.
+struct Variants {
+  std::vector<std::pair<const char*, double>> values;
+  double other_smoothing = 0;
 };
 
-std::vector<Variant> VariantsOf(const TriageInput& in, const at::Tensor& logits, const Samples& s) {
-  std::vector<Variant> out;
+Variants VariantsOf(const TriageInput& in, const at::Tensor& logits, const Samples& s) {
+  Variants out;
   const bool sum = DeclaresSum(in);
   const double batch = static_cast<double>(in.batch->labels.size(0));
   if (!sum) {
-    out.push_back({"objective.reduction_sum", s.sum,
-                   "the loss is the sum over the samples, not their mean (not divided by the " +
-                       Num(s.count) + " samples)"});
+    out.values.emplace_back("objective.reduction_sum", s.sum);
   } else {
-    out.push_back({"objective.reduction_token_mean", s.sum / s.count,
-                   "the loss is the mean over the samples, not the declared sum"});
+    out.values.emplace_back("objective.reduction_token_mean", s.sum / s.count);
   }
-  const double declared = Smoothing(in);
-  const double other = declared > 0 ? 0 : 0.1;
-  const Samples o = Score(logits, in.batch->labels, IgnoreIndex(in), other);
-  out.push_back(
-      {"objective.label_smoothing", sum ? o.sum : o.sum / o.count,
-       "the loss has label smoothing " + Num(other) + ", not the declared " + Num(declared)});
+  out.other_smoothing = Smoothing(in) > 0 ? 0 : 0.1;
+  const Samples o = Score(logits, in.batch->labels, IgnoreIndex(in), out.other_smoothing);
+  out.values.emplace_back("objective.label_smoothing", sum ? o.sum : o.sum / o.count);
   if (s.count < batch && !sum) {
-    out.push_back({"objective.masked_positions_counted", s.sum / batch,
-                   "the mean divides by every sample (" + Num(batch) +
-                       "), ignored ones included, "
-                       "not by the " +
-                       Num(s.count) + " samples with a target"});
+    out.values.emplace_back("objective.masked_positions_counted", s.sum / batch);
   }
   return out;
+}
+
+// The facts every loss finding of a classifier states: whose loss, what it was held to.
+void LossFacts(const TriageInput& in, const std::string& who, double loss, const Samples& s,
+               v1::Finding& f) {
+  AddFact(f, "who", who);
+  AddFact(f, "loss", loss);
+  AddFact(f, "sum", DeclaresSum(in) ? 1.0 : 0.0);
+  AddFact(f, "samples", s.count);
+  AddFact(f, "batch", static_cast<double>(in.batch->labels.size(0)));
+  AddFact(f, "classes", static_cast<double>(s.classes));
+  AddFact(f, "smoothing", Smoothing(in));
+  AddFact(f, "ignore_index", static_cast<double>(IgnoreIndex(in)));
 }
 
 // `who`'s loss against the declared FP64 cross-entropy of `logits`, as `check`; on a mismatch,
@@ -184,33 +176,26 @@ void JudgeLoss(const TriageInput& in, const char* check, const std::string& who,
                const at::Tensor& logits, double tol, v1::StageReport& r) {
   const Samples s = Score(logits, in.batch->labels, IgnoreIndex(in), Smoothing(in));
   if (s.count == 0) return;
-  const bool sum = DeclaresSum(in);
-  const double hand = sum ? s.sum : s.sum / s.count;
+  const double hand = DeclaresSum(in) ? s.sum : s.sum / s.count;
   const double err = RelativeError(loss, hand);
   const bool matches = err <= tol;
-  AddFinding(r, check, !matches, err, tol,
-             who + " " + FormatSignificant(loss, 9) + (matches ? " equals" : " differs from") +
-                 " a hand-written FP64 cross-entropy " + (sum ? "sum " : "mean ") +
-                 FormatSignificant(hand, 9) + " over " + Num(s.count) + " samples of " +
-                 std::to_string(s.classes) + " classes (label smoothing " + Num(Smoothing(in)) +
-                 ", ignore index " + std::to_string(IgnoreIndex(in)) + "; relative error " +
-                 FormatSignificant(err, 3) + ")");
+  v1::Finding& judged = AddFinding(r, check, !matches, err, tol);
+  LossFacts(in, who, loss, s, judged);
+  AddFact(judged, "hand", hand);
   if (matches) return;
   bool named = false;
-  for (const Variant& v : VariantsOf(in, logits, s)) {
-    const double e = RelativeError(loss, v.value);
+  const Variants variants = VariantsOf(in, logits, s);
+  for (const auto& [variant, value] : variants.values) {
+    const double e = RelativeError(loss, value);
     if (e > tol) continue;
-    AddFinding(r, v.check, true, e, tol,
-               v.why + ": " + who + " " + FormatSignificant(loss, 9) + " equals it (" +
-                   FormatSignificant(v.value, 9) + ")");
+    v1::Finding& f = AddFinding(r, variant, true, e, tol);
+    LossFacts(in, who, loss, s, f);
+    AddFact(f, "equals", value);
+    AddFact(f, "smoothing_used", variants.other_smoothing);
     named = true;
   }
-  if (!named) {
-    AddFinding(r, "objective.unexplained", true, loss / hand, 1,
-               who + " is " + FormatSignificant(loss / hand, 6) +
-                   " times the declared cross-entropy and matches none of: the other reduction, "
-                   "the other label smoothing, ignored samples counted");
-  }
+  if (!named)
+    LossFacts(in, who, loss, s, AddFinding(r, "objective.unexplained", true, loss / hand, 1));
 }
 
 std::optional<double> TrainerLoss(const TriageInput& in) {
@@ -233,49 +218,44 @@ bool IsClassificationBatch(const TriageInput& in) {
   return labels.defined() && labels.dim() == 1 && in.logits.defined() && in.logits.dim() == 2;
 }
 
-v1::StageReport RunClassificationDataStage(const TriageInput& in) {
-  v1::StageReport r;
-  if (!StartStage(v1::STAGE_DATA, Unsupported(in), &r)) return r;
+namespace {
+
+void JudgeData(const TriageInput& in, v1::StageReport& r) {
   NonFiniteInputs(in, r);
   const Samples s = Score(in.logits, in.batch->labels, IgnoreIndex(in), Smoothing(in));
   OutOfRange(in, s, r);
   const int64_t batch = in.batch->labels.size(0);
   if (s.count == 0 && s.out_of_range.sum().item<int64_t>() == 0) {
-    AddFinding(r, "data.empty_batch", true, 0, 1,
-               batch == 0 ? std::string("the batch has no sample")
-                          : "none of the " + std::to_string(batch) +
-                                " samples has a target: every label is the ignore index " +
-                                std::to_string(IgnoreIndex(in)) + " (a mean over them is 0/0)");
+    v1::Finding& f = AddFinding(r, "data.empty_batch", true, 0, 1);
+    AddFact(f, "batch", static_cast<double>(batch));
+    AddFact(f, "ignore_index", static_cast<double>(IgnoreIndex(in)));
   }
   ConstantTargets(in, s, r);
   if (s.count > 0) {
     const int64_t worst =
         at::where(s.valid, s.loss, at::full_like(s.loss, -INFINITY)).argmax().item<int64_t>();
     v1::Finding& f = AddFinding(r, "data.per_sample_loss", false, s.loss[worst].item<double>(),
-                                std::log(static_cast<double>(s.classes)), "");
-    f.set_detail(std::to_string(batch) + " samples, " + Num(s.count) + " with a target, " +
-                 std::to_string(s.classes) + " classes; mean cross-entropy " +
-                 Num(s.sum / s.count) + ", the largest " + Num(s.loss[worst].item<double>()) +
-                 " (" + NameSample(in, worst, f) +
-                 "); log C = " + Num(std::log(static_cast<double>(s.classes))));
+                                std::log(static_cast<double>(s.classes)));
+    NameSample(in, worst, f);
+    AddFact(f, "samples", static_cast<double>(batch));
+    AddFact(f, "with_target", s.count);
+    AddFact(f, "classes", static_cast<double>(s.classes));
+    AddFact(f, "mean", s.sum / s.count);
   }
-  return r;
 }
 
-v1::StageReport RunClassificationObjectiveStage(const TriageInput& in) {
-  v1::StageReport r;
-  if (!StartStage(v1::STAGE_OBJECTIVE, Unsupported(in), &r)) return r;
+void JudgeObjective(const TriageInput& in, v1::StageReport& r) {
   const Samples s = Score(in.logits, in.batch->labels, IgnoreIndex(in), Smoothing(in));
   if (s.count == 0) {
     r.set_skipped_reason("the batch has no sample with a target");
     r.set_ran(false);
-    return r;
+    return;
   }
   if (!std::isfinite(s.sum)) {
     r.set_skipped_reason(
         "the reference path's logits are not finite at the targets: the loss cannot be judged");
     r.set_ran(false);
-    return r;
+    return;
   }
   JudgeLoss(in, "objective.loss_matches", "the model's loss", in.model_loss, in.logits,
             kLossMatchRelTol, r);
@@ -287,6 +267,21 @@ v1::StageReport RunClassificationObjectiveStage(const TriageInput& in) {
     JudgeLoss(in, "objective.trainer_loss_matches", "the trainer's loss for the step", *trainer,
               same_shape ? in.step_logits : in.logits, kClassificationTrainerLossRelTol, r);
   }
+}
+
+}  // namespace
+
+v1::StageReport RunClassificationDataStage(const TriageInput& in) {
+  v1::StageReport r;
+  if (StartStage(v1::STAGE_DATA, Unsupported(in), &r)) JudgeData(in, r);
+  RenderDetails(&r);
+  return r;
+}
+
+v1::StageReport RunClassificationObjectiveStage(const TriageInput& in) {
+  v1::StageReport r;
+  if (StartStage(v1::STAGE_OBJECTIVE, Unsupported(in), &r)) JudgeObjective(in, r);
+  RenderDetails(&r);
   return r;
 }
 

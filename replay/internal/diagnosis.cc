@@ -1,6 +1,7 @@
 #include "capsule/replay/internal/diagnosis.h"
 
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/replay/internal/findings.h"
 
 namespace capsule::internal {
 
@@ -47,16 +48,17 @@ void Diagnose(v1::ReplayReport& report) {
   const bool bisect_bad = bisect != nullptr;
   numerics->set_explains(first != nullptr || bisect_bad);
   numerics->clear_findings();
-  v1::Finding& f = *numerics->add_findings();
-  f.set_check("numerics.first_divergent_layer");
-  f.set_failed(numerics->explains());
-  f.set_detail(first != nullptr ? "the optimized path diverges from the FP64 reference at " +
-                                      first->name() + " (" + v1::Phase_Name(first->phase()) + ")"
-               : bisect_bad
-                   ? "composite runs diverge from layer " + bisect->first_bad_layer() + " on (" +
-                         (bisect == &report.bisect() ? "" : "backward ") + "bisect)"
-                   : "the optimized path agrees with the FP64 reference on every "
-                     "compared layer");
+  v1::Finding& f =
+      AddFinding(*numerics, "numerics.first_divergent_layer", numerics->explains(), 0, 0);
+  if (first != nullptr) {
+    AddFact(f, "source", "layerwise");
+    AddFact(f, "layer", first->name());
+    AddFact(f, "phase", v1::Phase_Name(first->phase()));
+  } else if (bisect_bad) {
+    AddFact(f, "source", bisect == &report.bisect() ? "bisect" : "backward_bisect");
+    AddFact(f, "layer", bisect->first_bad_layer());
+  }
+  RenderDetails(numerics);
   // The first earlier stage with a failed finding explains the trigger, unless the failure did
   // not reproduce at all (then nothing in this batch explains it).
   const v1::StageReport* earlier = nullptr;

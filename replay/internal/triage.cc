@@ -8,14 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/strings.h"
 #include "capsule/replay/internal/classification_stage.h"
+#include "capsule/replay/internal/findings.h"
 
 namespace capsule::internal {
 namespace {
-
-std::string Num(double v) { return FormatSignificant(v, 4); }
 
 // Why the stages cannot judge this batch; empty when they can.
 std::string Unsupported(const TriageInput& in) {
@@ -30,6 +27,9 @@ std::string Unsupported(const TriageInput& in) {
     return "the logits' shape does not match the labels'";
   }
   if (in.logits.size(2) < 2 || b.labels.size(1) < 2) return "a vocabulary or sequence of one";
+  if (b.loss_mask.defined() && b.loss_mask.sizes() != b.labels.sizes()) {
+    return "the loss mask's shape does not match the labels'";
+  }
   return "";
 }
 
@@ -39,7 +39,7 @@ struct Tokens {
   at::Tensor loss;      // [B, T'] FP64, 0 where there is no target
   at::Tensor unmasked;  // [B, T'] FP64, the same with the loss mask ignored
   at::Tensor valid;     // [B, T'] a target: label != -100, inside the vocabulary, loss mask set
-  at::Tensor oov;       // [B, T'] a label outside [0, V) that is not -100
+  at::Tensor oov;       // [B, T'] a label outside [0, V) that is not -100, loss mask set
   at::Tensor any;       // [B, T'] label != -100, ignoring the loss mask
   at::Tensor padded;    // [B, T'] the predicting position is padding (attention_mask == 0)
   at::Tensor prompt;    // [B, T'] the target is a prompt token (response_mask == 0); undefined
@@ -69,8 +69,10 @@ Tokens Align(const TriageInput& in, bool shifted) {
   if (response.defined() && response.sizes() == labels.sizes()) out.prompt = response.eq(0);
   out.vocab = scores.size(2);
   const at::Tensor has_target = labels.ne(-100);
-  out.oov = has_target.logical_and(labels.lt(0).logical_or(labels.ge(out.vocab)));
-  out.any = has_target.logical_and(out.oov.logical_not());
+  const at::Tensor outside = has_target.logical_and(labels.lt(0).logical_or(labels.ge(out.vocab)));
+  out.any = has_target.logical_and(outside.logical_not());
+  // A filler label the loss mask leaves out is no target, whatever its value.
+  out.oov = mask.defined() ? outside.logical_and(mask.ne(0)) : outside;
   out.valid = mask.defined() ? out.any.logical_and(mask.ne(0)) : out.any;
   const at::Tensor targets = labels.masked_fill(out.any.logical_not(), 0).unsqueeze(-1);
   const at::Tensor all = -at::log_softmax(scores, -1).gather(-1, targets).squeeze(-1);
@@ -120,10 +122,9 @@ void CheckOutOfVocab(const TriageInput& in, const SampleStats& s, int64_t vocab,
   for (size_t b = 0; b < s.oov.size(); ++b) {
     if (s.oov[b] == 0) continue;
     v1::Finding& f =
-        AddFinding(r, "data.label_out_of_vocab", true, static_cast<double>(s.oov[b]), 0, "");
-    f.set_detail(NameSample(in, static_cast<int64_t>(b), f) + " has " + std::to_string(s.oov[b]) +
-                 " labels outside the vocabulary of " + std::to_string(vocab) +
-                 " (not -100): a tokenizer or vocabulary mismatch");
+        AddFinding(r, "data.label_out_of_vocab", true, static_cast<double>(s.oov[b]), 0);
+    NameSample(in, static_cast<int64_t>(b), f);
+    AddFact(f, "vocab", static_cast<double>(vocab));
   }
 }
 
@@ -140,13 +141,8 @@ void CheckEmptySamples(const TriageInput& in, const SampleStats& s, v1::StageRep
   const bool per_sequence = DeclaredReduction(in) == v1::SEQUENCE_MEAN;
   for (size_t b = 0; s.total > 0 && b < s.n.size(); ++b) {
     if (s.n[b] != 0 || s.oov[b] != 0) continue;
-    v1::Finding& f = AddFinding(r, "data.empty_sample", per_sequence, 0, 1, "");
-    f.set_detail(NameSample(in, static_cast<int64_t>(b), f) +
-                 " has no target token: every label is -100 or masked (an empty or all-padding "
-                 "sample; " +
-                 (per_sequence ? std::string("the declared per-sequence mean of it is 0/0)")
-                               : std::string("the declared token reduction gives it no weight, "
-                                             "so it does not change the loss)")));
+    v1::Finding& f = AddFinding(r, "data.empty_sample", per_sequence, 0, 1);
+    NameSample(in, static_cast<int64_t>(b), f);
   }
 }
 
@@ -173,28 +169,23 @@ void CheckPerSampleLoss(const TriageInput& in, const SampleStats& s, v1::StageRe
     const bool learned = median <= kLearnedFractionOfLogV * s.log_v;
     const bool bad = uniform && learned;
     v1::Finding& f = AddFinding(r, bad ? "data.bad_sample" : "data.hard_sample", bad, s.frac[b],
-                                kBadSampleUniformFraction, "");
-    const std::string numbers = "mean token loss " + Num(s.mean[b]) + " over " +
-                                std::to_string(s.n[b]) + " tokens against a median of " +
-                                Num(median) + " for the other samples; " + Num(100 * s.frac[b]) +
-                                "% of its tokens at or above log V = " + Num(s.log_v);
-    f.set_detail(NameSample(in, b, f) + (bad ? " is bad data: " : " is a hard sample: ") + numbers +
-                 (bad ? " (the model finds them no better than random, while it has learned the "
-                        "rest: labels that look random, a corrupt or mismatched sample)"
-                      : (learned ? " (high but consistent: most tokens are predicted better "
-                                   "than random; a genuinely hard sample, not corrupt)"
-                                 : " (the model has not learned the batch yet: "
-                                   "cannot tell bad from hard)")));
+                                kBadSampleUniformFraction);
+    NameSample(in, b, f);
+    AddFact(f, "mean_loss", s.mean[b]);
+    AddFact(f, "tokens", static_cast<double>(s.n[b]));
+    AddFact(f, "median", median);
+    AddFact(f, "fraction", s.frac[b]);
+    AddFact(f, "log_v", s.log_v);
+    AddFact(f, "learned", learned ? 1.0 : 0.0);
   }
   if (worst < 0) return;
-  v1::Finding& f =
-      AddFinding(r, "data.per_sample_loss", false, worst_excess, kBadSampleExcessNats, "");
-  f.set_detail(std::to_string(batch) + " samples, " + std::to_string(s.total) +
-               " target tokens; the largest excess over the other samples' median is " +
-               Num(worst_excess) + " nats (" + NameSample(in, worst, f) + ", " +
-               Num(100 * s.frac[worst]) + "% of its tokens at or above log V = " + Num(s.log_v) +
-               "); a bad sample needs " + Num(kBadSampleExcessNats) + " nats and " +
-               Num(100 * kBadSampleUniformFraction) + "%");
+  v1::Finding& f = AddFinding(r, "data.per_sample_loss", false, worst_excess, kBadSampleExcessNats);
+  NameSample(in, worst, f);
+  AddFact(f, "samples", static_cast<double>(batch));
+  AddFact(f, "tokens", static_cast<double>(s.total));
+  AddFact(f, "fraction", s.frac[worst]);
+  AddFact(f, "log_v", s.log_v);
+  AddFact(f, "fraction_needed", kBadSampleUniformFraction);
 }
 
 // The positions of `labels` [B, T] that are in the loss: a label that is not -100, with its loss
@@ -250,49 +241,32 @@ void CheckLabelShift(const TriageInput& in, v1::StageReport& r) {
   const bool failed = best_fraction >= kLabelsEqualInputsFraction &&
                       !(at_declared >= best_fraction);  // a periodic sequence matches both
   v1::Finding& f = AddFinding(r, "objective.labels_equal_inputs", failed, best_fraction,
-                              kLabelsEqualInputsFraction, "");
+                              kLabelsEqualInputsFraction);
   f.set_label_offset(static_cast<int32_t>(best));
-  const std::string offset = "labels[i] = input[i" + std::string(best < 0 ? " - " : " + ") +
-                             std::to_string(std::abs(best)) + "]";
-  const std::string declared_text =
-      std::string("the batch declares labels_shifted = ") +
-      (b.labels_shifted ? "true (labels[i] = input[i + 1])" : "false (labels[i] = input[i])");
-  f.set_detail(
-      failed ? Num(100 * best_fraction) + "% of the targets in the loss satisfy " + offset +
-                   ", against " + Num(100 * at_declared) + "% at the declared offset: the labels " +
-                   "are shifted by " + std::to_string(best) + ", but " + declared_text
-             : "at most " + Num(100 * best_fraction) + "% of the targets in the loss equal the " +
-                   "input at an offset other than the declared one (" + offset + "; offsets " +
-                   std::to_string(declared - kMaxLabelShift) + " to " +
-                   std::to_string(declared + kMaxLabelShift) + " tried); " + declared_text);
+  AddFact(f, "fraction", best_fraction);
+  AddFact(f, "at_declared", at_declared);
+  AddFact(f, "declared_shifted", b.labels_shifted ? 1.0 : 0.0);
+  AddFact(f, "max_shift", static_cast<double>(kMaxLabelShift));
 }
 
-// Targets in the loss that fall where `on` is set: a failed `check` when any does. `what`
-// finishes the sentence "N of the M target tokens ..."; `none` is the sentence when none does.
+// Targets in the loss that fall where `on` is set: a failed `check` when any does.
 void CheckTargetsOn(const Tokens& t, const at::Tensor& on, const std::string& check,
-                    const std::string& what, const std::string& none, v1::StageReport& r) {
+                    v1::StageReport& r) {
   const double n_valid = t.valid.sum().item<double>();
   const double n = t.valid.logical_and(on).sum().item<double>();
-  AddFinding(r, check, n > 0, n, 0,
-             n > 0 ? Num(n) + " of the " + Num(n_valid) + " target tokens " + what : none);
+  AddFact(AddFinding(r, check, n > 0, n, 0), "targets", n_valid);
 }
 
 // Padding that carries a target: the loss learns to predict from pad positions.
 void CheckPaddingInLoss(const TriageInput& in, const Tokens& t, v1::StageReport& r) {
   if (!in.batch->attention_mask.defined()) return;
-  CheckTargetsOn(t, t.padded, "objective.padding_in_loss",
-                 "are predicted from padding (attention_mask 0): padding is counted in the loss; "
-                 "its labels should be -100 or its loss mask 0",
-                 "no target token is predicted from padding", r);
+  CheckTargetsOn(t, t.padded, "objective.padding_in_loss", r);
 }
 
 // With a declared response mask, a target on a prompt token: the loss trains on the prompt.
 void CheckPromptInLoss(const Tokens& t, v1::StageReport& r) {
   if (!t.prompt.defined()) return;
-  CheckTargetsOn(t, t.prompt, "objective.prompt_in_loss",
-                 "are prompt tokens (response_mask 0): the loss covers the prompt; their labels "
-                 "should be -100 or their loss mask 0",
-                 "no target token is a prompt token (response_mask 0)", r);
+  CheckTargetsOn(t, t.prompt, "objective.prompt_in_loss", r);
 }
 
 double RelErr(double a, double b) {
@@ -339,16 +313,13 @@ bool CheckLossMatches(const TriageInput& in, const Reduced& d, v1::StageReport& 
   const double model = in.model_loss;
   const double err = RelErr(model, d.hand);
   const bool matches = err <= kLossMatchRelTol;
-  AddFinding(r, "objective.loss_matches", !matches, err, kLossMatchRelTol,
-             "the model's loss " + FormatSignificant(model, 9) +
-                 (matches ? " equals" : " differs from") + " a hand-written FP64 " + d.hand_name +
-                 " cross-entropy " + FormatSignificant(d.hand, 9) + " (" +
-                 FormatSignificant(d.numerator, 9) + " over " +
-                 std::to_string(static_cast<int64_t>(d.denominator)) +
-                 " target tokens; relative error " + FormatSignificant(err, 3) +
-                 (d.declared == v1::LOSS_REDUCTION_UNSPECIFIED
-                      ? "; the trainer declared no reduction, read as a token mean)"
-                      : ")"));
+  v1::Finding& f = AddFinding(r, "objective.loss_matches", !matches, err, kLossMatchRelTol);
+  AddFact(f, "loss", model);
+  AddFact(f, "reduction", d.hand_name);
+  AddFact(f, "hand", d.hand);
+  AddFact(f, "numerator", d.numerator);
+  AddFact(f, "targets", d.denominator);
+  AddFact(f, "declared", d.declared == v1::LOSS_REDUCTION_UNSPECIFIED ? 0.0 : 1.0);
   return matches;
 }
 
@@ -363,12 +334,7 @@ void CheckNormalizer(const TriageInput& in, const Reduced& d, v1::StageReport& r
   }
   const double n = obj.normalizer();
   const bool wrong = std::abs(n - d.denominator) > 0.5;
-  AddFinding(r, "objective.normalizer", wrong, n, d.denominator,
-             "the trainer divides by " + Num(n) + (wrong ? ", but" : ", and") + " the step has " +
-                 std::to_string(static_cast<int64_t>(d.denominator)) + " target tokens" +
-                 (wrong ? ": the normaliser counts something else (padding, a stale or "
-                          "nominal batch size)"
-                        : ""));
+  AddFinding(r, "objective.normalizer", wrong, n, d.denominator);
 }
 
 // How far the trainer's loss of an accumulated step may be from the FP64 declared reduction:
@@ -414,108 +380,60 @@ void CheckTrainerLoss(const TriageInput& in, const Reduced& d, v1::StageReport& 
   const char* check = means         ? "objective.accumulation_mean_of_means"
                       : not_divided ? "objective.accumulation_not_divided"
                                     : "objective.trainer_loss";
-  const std::string head = "the trainer's loss over " + std::to_string(k) + " micro-batches is " +
-                           FormatSignificant(*trainer, 9);
-  const std::string hand = FormatSignificant(d.hand, 9);
-  std::string detail;
-  if (ok) {
-    detail = head + ", the declared " + d.hand_name + " " + hand + " (relative error " +
-             FormatSignificant(e, 3) + ", allowed " + FormatSignificant(tol, 3) + ")";
-  } else if (means) {
-    detail = head + ", the mean of the micro-batches' token means (" +
-             FormatSignificant(mean_of_means, 9) + "), not the step's token mean " + hand +
-             ": each micro-batch was divided by the number of micro-batches instead of the "
-             "step's target tokens, so tokens in short micro-batches weigh more";
-  } else if (not_divided) {
-    detail = head + ", " + std::to_string(k) + " times the declared " + d.hand_name + " " + hand +
-             ": the accumulated micro-batch losses were not divided by the number of "
-             "micro-batches, so the step's gradient is " +
-             std::to_string(k) + " times too large";
-  } else {
-    detail = head + ", not the declared " + d.hand_name + " " + hand + " (relative error " +
-             FormatSignificant(e, 3) + ", allowed " + FormatSignificant(tol, 3) + "; " +
-             FormatSignificant(*trainer / d.hand, 6) +
-             " times it), nor the mean of micro-batch means, nor the declared loss times the " +
-             "micro-batches: the trainer optimizes another objective than it declares";
-  }
   // A loss averaged over data-parallel ranks need not be this rank's batch's: a mismatch no
   // variant names is then a note.
-  const bool local = in.capsule->objective().ranks() <= 1;
-  if (!ok && !means && !not_divided && !local) {
-    detail += " (the loss spans " + std::to_string(in.capsule->objective().ranks()) +
-              " ranks: not judged on this rank's batch)";
-  }
-  AddFinding(r, check, !ok && (means || not_divided || local),
-             means         ? e_means
-             : not_divided ? e_sum
-                           : e,
-             tol, detail);
+  const int ranks = in.capsule->objective().ranks();
+  v1::Finding& f = AddFinding(r, check, !ok && (means || not_divided || ranks <= 1),
+                              means         ? e_means
+                              : not_divided ? e_sum
+                                            : e,
+                              tol);
+  AddFact(f, "micro_batches", k);
+  AddFact(f, "trainer", *trainer);
+  AddFact(f, "reduction", d.hand_name);
+  AddFact(f, "hand", d.hand);
+  AddFact(f, "error", e);
+  AddFact(f, "matches", ok ? 1.0 : 0.0);
+  if (means) AddFact(f, "mean_of_means", mean_of_means);
+  AddFact(f, "ranks", ranks);
 }
 
 // The model's loss differs from the declared one: the variants whose value it equals.
 void NameLossVariant(const TriageInput& in, const Tokens& t, const Reduced& d, v1::StageReport& r) {
   const bool shifted = in.batch->labels_shifted;
-  struct Variant {
-    const char* check;
-    double value;
-    std::string why;
-  };
-  std::vector<Variant> variants;
-  const std::string targets = std::to_string(static_cast<int64_t>(d.denominator));
-  if (d.declared != v1::TOKEN_SUM) {
-    variants.push_back({"objective.reduction_sum", d.numerator,
-                        "the loss is the token sum, not the declared " + d.hand_name +
-                            " (it was not divided by the " + targets + " target tokens)"});
-  }
+  std::vector<std::pair<const char*, double>> variants;
+  if (d.declared != v1::TOKEN_SUM) variants.emplace_back("objective.reduction_sum", d.numerator);
   if (d.declared != v1::SEQUENCE_MEAN && d.seq_count > 0) {
-    variants.push_back({"objective.reduction_sequence_mean", d.sequence_mean,
-                        "the loss is a mean of per-sequence means, not a token mean: long and "
-                        "short samples weigh the same"});
+    variants.emplace_back("objective.reduction_sequence_mean", d.sequence_mean);
   }
   if (d.declared == v1::TOKEN_SUM || d.declared == v1::SEQUENCE_MEAN) {
-    variants.push_back({"objective.reduction_token_mean", d.token_mean,
-                        "the loss is the token mean, not the declared " + d.hand_name});
+    variants.emplace_back("objective.reduction_token_mean", d.token_mean);
   }
-  {
-    const Tokens other = Align(in, !shifted);
-    const double n = other.valid.sum().item<double>();
-    if (n > 0) {
-      variants.push_back(
-          {"objective.labels_alignment", other.loss.sum().item<double>() / n,
-           std::string("the labels are aligned as if ") +
-               (shifted ? "the model shifted them (labels[i+1] the target of position i)"
-                        : "already shifted (labels[i] the target of position i)") +
-               ", not as the batch declares: the model predicts the token it is given"});
-    }
+  const Tokens other = Align(in, !shifted);
+  const double n_other = other.valid.sum().item<double>();
+  if (n_other > 0) {
+    variants.emplace_back("objective.labels_alignment", other.loss.sum().item<double>() / n_other);
   }
-  variants.push_back(
-      {"objective.masked_positions_counted", d.numerator / static_cast<double>(t.valid.numel()),
-       "the denominator counts every position (" + std::to_string(t.valid.numel()) +
-           "), padding and ignored ones included, not the " + targets + " target tokens"});
-  if (in.batch->loss_mask.defined()) {
-    const double n = t.any.sum().item<double>();
-    if (n > 0) {
-      variants.push_back({"objective.loss_mask_ignored", t.unmasked.sum().item<double>() / n,
-                          "the loss mask is ignored: masked positions (padding, prompt) are in "
-                          "the loss"});
-    }
+  variants.emplace_back("objective.masked_positions_counted",
+                        d.numerator / static_cast<double>(t.valid.numel()));
+  const double n_any = t.any.sum().item<double>();
+  if (in.batch->loss_mask.defined() && n_any > 0) {
+    variants.emplace_back("objective.loss_mask_ignored", t.unmasked.sum().item<double>() / n_any);
   }
   bool named = false;
-  for (const Variant& v : variants) {
-    const double e = RelErr(in.model_loss, v.value);
+  for (const auto& [check, value] : variants) {
+    const double e = RelErr(in.model_loss, value);
     if (e > kLossMatchRelTol) continue;
-    AddFinding(r, v.check, true, e, kLossMatchRelTol,
-               v.why + ": the model's loss " + FormatSignificant(in.model_loss, 9) +
-                   " equals it (" + FormatSignificant(v.value, 9) + ")");
+    v1::Finding& f = AddFinding(r, check, true, e, kLossMatchRelTol);
+    AddFact(f, "loss", in.model_loss);
+    AddFact(f, "equals", value);
+    AddFact(f, "reduction", d.hand_name);
+    AddFact(f, "targets", d.denominator);
+    AddFact(f, "positions", static_cast<double>(t.valid.numel()));
+    AddFact(f, "shifted", shifted ? 1.0 : 0.0);
     named = true;
   }
-  if (!named) {
-    AddFinding(r, "objective.unexplained", true, in.model_loss / d.hand, 1,
-               "the model's loss is " + FormatSignificant(in.model_loss / d.hand, 6) +
-                   " times the token-mean cross-entropy and matches none of: token sum, "
-                   "per-sequence mean, the other label alignment, every position counted, the "
-                   "loss mask ignored");
-  }
+  if (!named) AddFinding(r, "objective.unexplained", true, in.model_loss / d.hand, 1);
 }
 
 // `name` matches a glob `pattern`: `*` any run of characters (dots included), `?` one.
@@ -582,23 +500,20 @@ bool CheckDeclaredFrozen(const TriageInput& in, v1::StageReport& r) {
     ++judged;
     const bool trained = *p.requires_grad || p.grad_norm > 0 || p.update_norm > 0;
     if (!trained) continue;
-    v1::Finding& f = AddFinding(
-        r, "gradients.declared_frozen_trained", true, std::max(p.grad_norm, p.update_norm), 0,
-        "parameter " + name + " is declared frozen but " +
-            (*p.requires_grad ? "requires grad" : "does not require grad") +
-            ", with a gradient norm of " + Num(p.grad_norm) + " and an update norm of " +
-            Num(p.update_norm) + " in the step: it is trained");
+    v1::Finding& f = AddFinding(r, "gradients.declared_frozen_trained", true,
+                                std::max(p.grad_norm, p.update_norm), 0);
     f.set_parameter(name);
+    AddFact(f, "requires_grad", *p.requires_grad ? 1.0 : 0.0);
+    AddFact(f, "grad_norm", p.grad_norm);
+    AddFact(f, "update_norm", p.update_norm);
   }
   for (int i = 0; i < patterns.size(); ++i) {
     if (used[i]) continue;
-    AddFinding(r, "gradients.declared_frozen_unmatched", false, 0, 0,
-               "the declared-frozen pattern \"" + PrintableShort(patterns[i], 64) +
-                   "\" matches no parameter the capsule records");
+    AddFact(AddFinding(r, "gradients.declared_frozen_unmatched", false, 0, 0), "pattern",
+            patterns[i]);
   }
-  AddFinding(r, "gradients.declared_frozen", false, static_cast<double>(matched), 0,
-             std::to_string(matched) + " recorded parameters are declared frozen (" +
-                 std::to_string(judged) + " with what the capsule records of their training)");
+  AddFact(AddFinding(r, "gradients.declared_frozen", false, static_cast<double>(matched), 0),
+          "judged", judged);
   return true;
 }
 
@@ -607,6 +522,7 @@ bool CheckDeclaredFrozen(const TriageInput& in, v1::StageReport& r) {
 void CheckDisconnected(const std::vector<ParameterGrad>& grads, v1::StageReport& r) {
   std::vector<std::string> layers;
   std::vector<std::vector<std::string>> cut;
+  std::vector<std::vector<double>> zero;  // per cut parameter: 1 an exactly-zero gradient, 0 none
   std::vector<int> counts;
   std::vector<double> norms;
   for (const ParameterGrad& p : grads) {
@@ -615,40 +531,43 @@ void CheckDisconnected(const std::vector<ParameterGrad>& grads, v1::StageReport&
     if (i == layers.size()) {
       layers.push_back(p.layer);
       cut.emplace_back();
+      zero.emplace_back();
       counts.push_back(0);
       norms.push_back(0);
     }
     ++counts[i];
     if (!p.grad.defined()) {
-      cut[i].push_back(p.name + " (none)");
+      cut[i].push_back(p.name);
+      zero[i].push_back(0);
       continue;
     }
     const at::Tensor g = p.grad.detach().to(at::kDouble);
     const double sq = g.pow(2).sum().item<double>();
-    if (sq == 0) cut[i].push_back(p.name + " (exactly zero)");
+    if (sq == 0) {
+      cut[i].push_back(p.name);
+      zero[i].push_back(1);
+    }
     norms[i] += sq;
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     if (cut[i].empty()) continue;
-    std::string names;
-    for (size_t k = 0; k < cut[i].size() && k < 4; ++k) names += (k ? ", " : "") + cut[i][k];
-    if (cut[i].size() > 4) names += ", ...";
-    AddFinding(r, "gradients.disconnected", true, static_cast<double>(cut[i].size()), 0,
-               "layer " + layers[i] + ": " + std::to_string(cut[i].size()) + " of " +
-                   std::to_string(counts[i]) +
-                   " parameters that require grad get no gradient from the loss (" + names +
-                   "): a stray detach() or a branch left out of the graph; the optimizer never "
-                   "updates them");
+    v1::Finding& f =
+        AddFinding(r, "gradients.disconnected", true, static_cast<double>(cut[i].size()), 0);
+    AddFact(f, "layer", layers[i]);
+    AddFact(f, "layer_parameters", counts[i]);
+    AddFact(f, "parameters", cut[i], zero[i]);
   }
   std::vector<size_t> order(layers.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return norms[a] > norms[b]; });
-  std::string ranked;
+  std::vector<std::string> top;
+  std::vector<double> top_norms;
   for (size_t k = 0; k < order.size() && k < 3; ++k) {
-    ranked += (k ? ", " : "") + layers[order[k]] + " " + Num(std::sqrt(norms[order[k]]));
+    top.push_back(layers[order[k]]);
+    top_norms.push_back(std::sqrt(norms[order[k]]));
   }
-  AddFinding(r, "gradients.per_layer_norm", false, order.empty() ? 0 : std::sqrt(norms[order[0]]),
-             0, "largest per-layer gradient norms (FP64 reference): " + ranked);
+  AddFact(AddFinding(r, "gradients.per_layer_norm", false, top_norms.empty() ? 0 : top_norms[0], 0),
+          "layers", top, top_norms);
 }
 
 }  // namespace
@@ -660,64 +579,39 @@ bool StartStage(v1::Stage stage, const std::string& unsupported, v1::StageReport
   return unsupported.empty();
 }
 
-v1::Finding& AddFinding(v1::StageReport& r, const std::string& check, bool failed, double value,
-                        double threshold, std::string detail) {
-  v1::Finding& f = *r.add_findings();
-  f.set_check(check);
-  f.set_failed(failed);
-  f.set_value(value);
-  f.set_threshold(threshold);
-  f.set_detail(std::move(detail));
-  if (failed) r.set_explains(true);
-  return f;
-}
-
-std::string NameSample(const TriageInput& in, int64_t b, v1::Finding& f) {
+void NameSample(const TriageInput& in, int64_t b, v1::Finding& f) {
   f.set_sample_index(static_cast<int32_t>(b));
-  std::string name = "sample " + std::to_string(b);
-  std::vector<std::string> parts;
-  if (in.capsule != nullptr) {
-    const v1::DataBatch& d = in.capsule->data();
-    if (b < d.sequences_size() && !d.sequences(b).sample_id().empty()) {
-      f.set_sample_id(d.sequences(b).sample_id());
-      parts.push_back("id \"" + PrintableShort(d.sequences(b).sample_id(), 64) + "\"");
-    }
-    if (b < d.cursor().sample_indices_size()) {
-      f.set_dataset_index(d.cursor().sample_indices(b));
-      parts.push_back("dataset index " + std::to_string(d.cursor().sample_indices(b)));
-    }
+  if (in.capsule == nullptr) return;
+  const v1::DataBatch& d = in.capsule->data();
+  if (b < d.sequences_size() && !d.sequences(b).sample_id().empty()) {
+    f.set_sample_id(d.sequences(b).sample_id());
   }
-  for (size_t i = 0; i < parts.size(); ++i) name += (i == 0 ? " (" : ", ") + parts[i];
-  return parts.empty() ? name : name + ")";
+  if (b < d.cursor().sample_indices_size()) f.set_dataset_index(d.cursor().sample_indices(b));
 }
 
-v1::StageReport RunDataStage(const TriageInput& in) {
-  if (IsClassificationBatch(in)) return RunClassificationDataStage(in);
-  v1::StageReport r;
-  if (!StartStage(v1::STAGE_DATA, Unsupported(in), &r)) return r;
+namespace {
+
+void JudgeData(const TriageInput& in, v1::StageReport& r) {
   Tokens t = Align(in, in.batch->labels_shifted);
   // The data stage judges the real tokens: targets predicted from padding are the objective's
   // business (objective.padding_in_loss).
   t.valid = t.valid.logical_and(t.padded.logical_not());
+  t.oov = t.oov.logical_and(t.padded.logical_not());
   t.loss = t.loss * t.valid.to(at::kDouble);
   const SampleStats s = CountSamples(t);
   CheckOutOfVocab(in, s, t.vocab, r);
   CheckEmptySamples(in, s, r);
   CheckPerSampleLoss(in, s, r);
-  return r;
 }
 
-v1::StageReport RunObjectiveStage(const TriageInput& in) {
-  if (IsClassificationBatch(in)) return RunClassificationObjectiveStage(in);
-  v1::StageReport r;
-  if (!StartStage(v1::STAGE_OBJECTIVE, Unsupported(in), &r)) return r;
+void JudgeObjective(const TriageInput& in, v1::StageReport& r) {
   const Tokens t = Align(in, in.batch->labels_shifted);
   const at::Tensor valid_loss = t.loss.masked_select(t.valid);
   if (!valid_loss.isfinite().all().item<bool>()) {
     r.set_skipped_reason(
         "the reference path's logits are not finite at the targets: the loss cannot be judged");
     r.set_ran(false);
-    return r;
+    return;
   }
   CheckLabelShift(in, r);
   CheckPaddingInLoss(in, t, r);
@@ -726,13 +620,30 @@ v1::StageReport RunObjectiveStage(const TriageInput& in) {
   if (t.valid.sum().item<double>() == 0) {
     r.set_skipped_reason("the batch has no target token");
     r.set_ran(false);
-    return r;
+    return;
   }
   const Reduced d = Reduce(in, t);
   const bool matches = CheckLossMatches(in, d, r);
   CheckNormalizer(in, d, r);
   CheckTrainerLoss(in, d, r);
   if (!matches && !labels_explain) NameLossVariant(in, t, d, r);
+}
+
+}  // namespace
+
+v1::StageReport RunDataStage(const TriageInput& in) {
+  if (IsClassificationBatch(in)) return RunClassificationDataStage(in);
+  v1::StageReport r;
+  if (StartStage(v1::STAGE_DATA, Unsupported(in), &r)) JudgeData(in, r);
+  RenderDetails(&r);
+  return r;
+}
+
+v1::StageReport RunObjectiveStage(const TriageInput& in) {
+  if (IsClassificationBatch(in)) return RunClassificationObjectiveStage(in);
+  v1::StageReport r;
+  if (StartStage(v1::STAGE_OBJECTIVE, Unsupported(in), &r)) JudgeObjective(in, r);
+  RenderDetails(&r);
   return r;
 }
 
@@ -740,15 +651,13 @@ v1::StageReport RunGradientsStage(const TriageInput& in) {
   v1::StageReport r;
   r.set_stage(v1::STAGE_GRADIENTS);
   const bool declared = CheckDeclaredFrozen(in, r);
-  if (in.parameter_grads == nullptr || in.parameter_grads->empty()) {
-    if (!declared) {
-      r.set_skipped_reason("no backward ran on the reference path, or no parameter requires grad");
-    }
-    r.set_ran(declared);
-    return r;
+  const bool backward = in.parameter_grads != nullptr && !in.parameter_grads->empty();
+  if (backward) CheckDisconnected(*in.parameter_grads, r);
+  if (!backward && !declared) {
+    r.set_skipped_reason("no backward ran on the reference path, or no parameter requires grad");
   }
-  r.set_ran(true);
-  CheckDisconnected(*in.parameter_grads, r);
+  r.set_ran(backward || declared);
+  RenderDetails(&r);
   return r;
 }
 

@@ -13,7 +13,7 @@
 //   that counts masked positions. An accumulated step's trainer loss must be the declared one.
 // - gradients: from the reference path's backward, parameters that require grad and get none;
 //   parameters declared frozen that the capsule shows trained.
-// Each check is its own function in triage.cc.
+// Each check is its own function in triage.cc; it states facts, and findings.cc words them.
 // Thresholds and the margins clean runs keep from them: README, "Triage".
 //
 // Thread safety: pure functions.
@@ -28,6 +28,7 @@
 #include "capsule/model/layer_sequence.h"
 #include "capsule/probe/layer_probe.h"
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/replay/internal/findings.h"
 
 namespace capsule::internal {
 
@@ -49,13 +50,9 @@ struct TriageInput {
 // is empty, and is skipped with that reason otherwise. Returns whether it runs.
 bool StartStage(v1::Stage stage, const std::string& unsupported, v1::StageReport* r);
 
-// Adds a finding to `r` (a failed one makes the stage explain the step) and returns it.
-v1::Finding& AddFinding(v1::StageReport& r, const std::string& check, bool failed, double value,
-                        double threshold, std::string detail);
-
-// Names sample `b` in `f` (index, the trainer's sample id and dataset index when recorded) and
-// returns its name for a sentence.
-std::string NameSample(const TriageInput& in, int64_t b, v1::Finding& f);
+// Names sample `b` in `f`: its index, and the trainer's sample id and dataset index when the
+// capsule records them.
+void NameSample(const TriageInput& in, int64_t b, v1::Finding& f);
 
 // A bad sample: at least this fraction of its target tokens have a loss of log V or more ...
 inline constexpr double kBadSampleUniformFraction = 0.5;

@@ -140,5 +140,93 @@ TEST(ClassificationStageTest, TheTrainersLossIsHeldToTheStepModesLogits) {
             (std::vector<std::string>{"objective.trainer_loss_matches", "objective.unexplained"}));
 }
 
+const v1::Finding* Find(const v1::StageReport& r, const std::string& check) {
+  for (const v1::Finding& f : r.findings()) {
+    if (f.check() == check) return &f;
+  }
+  return nullptr;
+}
+
+TEST(ClassificationStageTest, AMeanWhereTheTrainerDeclaresASumIsNamed) {
+  Case c = Classifier();
+  c.capsule.mutable_objective()->set_reduction(v1::TOKEN_SUM);
+  TriageInput in = c.Input();
+  in.model_loss = Mean(c, 0, true);
+  const v1::StageReport ok = RunClassificationObjectiveStage(in);
+  EXPECT_TRUE(Failed(ok).empty()) << ok.DebugString();
+  EXPECT_TRUE(Find(ok, "objective.reduction_token_mean") == nullptr);
+
+  in.model_loss = Mean(c, 0);
+  const v1::StageReport r = RunClassificationObjectiveStage(in);
+  EXPECT_EQ(Failed(r),
+            (std::vector<std::string>{"objective.loss_matches", "objective.reduction_token_mean"}));
+  const v1::Finding* f = Find(r, "objective.reduction_token_mean");
+  ASSERT_NE(f, nullptr) << r.DebugString();
+  EXPECT_TRUE(f->failed());
+  EXPECT_LE(f->value(), kLossMatchRelTol);
+  EXPECT_EQ(f->threshold(), kLossMatchRelTol);
+  EXPECT_FALSE(f->detail().empty());
+  // Just off the mean: unexplained, not named as it.
+  in.model_loss = Mean(c, 0) * (1 + 1e-5);
+  EXPECT_EQ(Failed(RunClassificationObjectiveStage(in)),
+            (std::vector<std::string>{"objective.loss_matches", "objective.unexplained"}));
+}
+
+TEST(ClassificationStageTest, ThePerSampleLossNoteGivesTheLargestCrossEntropy) {
+  Case c = Classifier();
+  c.capsule.mutable_data()->mutable_cursor()->add_sample_indices(40);
+  c.capsule.mutable_data()->mutable_cursor()->add_sample_indices(41);
+  c.capsule.mutable_data()->mutable_cursor()->add_sample_indices(42);
+  c.capsule.mutable_data()->mutable_cursor()->add_sample_indices(43);
+  // Sample 2's logits are uniform: its loss, log 3, is the worst of the batch.
+  double worst = 0;
+  int64_t worst_sample = -1;
+  for (int64_t b = 0; b < 4; ++b) {
+    const at::Tensor row = c.logits[b];
+    const double loss =
+        (row.exp().sum().log() - row[c.batch.labels[b].item<int64_t>()]).item<double>();
+    if (loss > worst) {
+      worst = loss;
+      worst_sample = b;
+    }
+  }
+  ASSERT_EQ(worst_sample, 2);
+  const v1::StageReport r = RunClassificationDataStage(c.Input());
+  const v1::Finding* f = Find(r, "data.per_sample_loss");
+  ASSERT_NE(f, nullptr) << r.DebugString();
+  EXPECT_FALSE(f->failed());
+  EXPECT_NEAR(f->value(), worst, 1e-12);
+  EXPECT_NEAR(f->threshold(), std::log(3.0), 1e-15);
+  ASSERT_TRUE(f->has_sample_index());
+  EXPECT_EQ(f->sample_index(), 2);
+  ASSERT_TRUE(f->has_dataset_index());
+  EXPECT_EQ(f->dataset_index(), 42);
+  EXPECT_FALSE(f->detail().empty());
+  EXPECT_TRUE(Failed(r).empty());
+  // No sample with a target: nothing to rank.
+  c.batch.labels.fill_(-100);
+  EXPECT_TRUE(Find(RunClassificationDataStage(c.Input()), "data.per_sample_loss") == nullptr);
+}
+
+TEST(ClassificationStageTest, NonFiniteInputsAreNamedForAtMostEightSamples) {
+  Case c = Classifier();
+  c.batch.inputs = at::randn({12, 5}, at::TensorOptions().dtype(at::kFloat));
+  c.batch.labels = at::zeros({12}, at::kLong);
+  c.logits = at::zeros({12, 3}, at::kDouble);
+  EXPECT_TRUE(Find(RunClassificationDataStage(c.Input()), "data.non_finite_input") == nullptr);
+  for (int64_t b = 1; b < 11; ++b) c.batch.inputs[b][b % 5] = b % 2 ? INFINITY : NAN;
+  c.batch.inputs[3][0] = -INFINITY;
+  const v1::StageReport r = RunClassificationDataStage(c.Input());
+  std::vector<int> samples;
+  for (const v1::Finding& f : r.findings()) {
+    if (f.check() != "data.non_finite_input") continue;
+    EXPECT_TRUE(f.failed());
+    EXPECT_EQ(f.threshold(), 0);
+    EXPECT_EQ(f.value(), f.sample_index() == 3 ? 2 : 1);
+    samples.push_back(f.sample_index());
+  }
+  EXPECT_EQ(samples, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}));
+}
+
 }  // namespace
 }  // namespace capsule::internal
