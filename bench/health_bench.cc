@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <map>
 
-#include "capsule/probe/health_stats.h"
+#include "capsule/instrument/health_stats.h"
 
 namespace {
 

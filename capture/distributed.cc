@@ -22,8 +22,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "capsule/format/dtype.h"
-#include "capsule/probe/health_stats.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/instrument/health_stats.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {

@@ -56,7 +56,7 @@
 
 #include "capsule/base/status.h"
 #include "capsule/format/capsule_fwd.h"
-#include "capsule/probe/trigger_rule.h"
+#include "capsule/instrument/trigger_rule.h"
 
 namespace c10d {
 class ProcessGroup;

@@ -20,9 +20,9 @@
 #include "capsule/capture/internal/capture_writer.h"
 #include "capsule/capture/internal/rerun_guard.h"
 #include "capsule/capture/internal/step_snapshot.h"
-#include "capsule/probe/hashing.h"
-#include "capsule/probe/layer_probe.h"
-#include "capsule/probe/rng_state.h"
+#include "capsule/snapshot/hashing.h"
+#include "capsule/instrument/layer_probe.h"
+#include "capsule/snapshot/rng_state.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {

@@ -6,7 +6,7 @@
 // data cursor and a copy of the batch's index tensors). Only when a trigger fires does it do real
 // work: it re-runs the failing step from the snapshot through the model's LayerSequence (same RNG,
 // batch and thread count) with per-layer instrumentation, records whether the re-run fires the
-// trigger again (the rule replay uses too, probe/trigger_rule.h), and writes the capsule
+// trigger again (the rule replay uses too, instrument/trigger_rule.h), and writes the capsule
 // atomically. The trainer's parameters, gradients and RNG states are left exactly as they were.
 // Nothing in here throws or aborts: a failed capture (no key, unwritable directory, full disk, a
 // model that throws) is reported in the StepReport and the log, and the trainer carries on.
@@ -42,7 +42,7 @@
 #include "capsule/format/validate.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
-#include "capsule/probe/trigger_rule.h"
+#include "capsule/instrument/trigger_rule.h"
 
 namespace capsule {
 namespace internal {
@@ -55,7 +55,7 @@ class Distributed;
 enum class WeightPolicy { kAll = 1, kAnomalousLayer = 2, kNone = 3 };  // = capsule.v1.WeightPolicy
 
 // TriggerKind (capsule.v1.TriggerKind values) and the rule for whether a re-run fires a trigger
-// again live in probe/trigger_rule.h, which replay shares.
+// again live in instrument/trigger_rule.h, which replay shares.
 const char* TriggerKindName(TriggerKind kind);  // "NON_FINITE_LOSS", ...
 
 struct MonitorOptions {
@@ -81,7 +81,7 @@ struct MonitorOptions {
   uint64_t max_weight_bytes = uint64_t{256} << 20;
   // The checkpoint file holding the weights the trainer runs with (the one it loaded, or one it
   // just saved; Monitor::SetWeightsCheckpoint changes it): a state dict saved by torch.save or
-  // torch::pickle_save, or a TorchScript module archive (probe/checkpoint.h), read as data. A
+  // torch::pickle_save, or a TorchScript module archive (snapshot/checkpoint.h), read as data. A
   // capsule that does not embed every weight names it (path, size and SHA-256 of the file, each
   // tensor's hash, and whether it still holds this step's weights) so that replay can load it; a
   // large model's capsule then stays small and replays in full. A relative path is recorded

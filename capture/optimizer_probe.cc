@@ -11,7 +11,7 @@
 #include <map>
 #include <tuple>
 
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {

@@ -8,7 +8,7 @@
 
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
-#include "capsule/probe/environment.h"
+#include "capsule/snapshot/environment.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/model_registry.h"
 #include "capsule/replay/plugin_loader.h"

@@ -1,7 +1,7 @@
 // DType helpers: element sizes and names of capsule.v1.DType values.
 //
 // The dtype enum travels as a plain int here so that callers need not include the generated
-// protobuf header (probe/ and report/ both print and size tensors from their metadata).
+// protobuf header (snapshot/ and report/ both print and size tensors from their metadata).
 //
 //   int bytes = capsule::DTypeElementSize(meta.dtype());   // 4 for FLOAT32, 0 if unknown
 //   std::string name = capsule::DTypeName(meta.dtype());   // "float32"

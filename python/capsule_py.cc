@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "capsule/probe/environment.h"
+#include "capsule/snapshot/environment.h"
 #include "capsule/python/py_cli.h"
 #include "capsule/python/py_model.h"
 #include "capsule/python/py_monitor.h"

@@ -10,8 +10,8 @@
 
 #include "capsule/base/sha256.h"
 #include "capsule/format/version.h"
-#include "capsule/probe/environment.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/environment.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/capsule_inputs.h"

@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 

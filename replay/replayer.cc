@@ -17,12 +17,12 @@
 #include "capsule/bisect/search.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/dtype.h"
-#include "capsule/probe/checkpoint.h"
-#include "capsule/probe/environment.h"
-#include "capsule/probe/layer_probe.h"
-#include "capsule/probe/rng_state.h"
-#include "capsule/probe/tensor_codec.h"
-#include "capsule/probe/trigger_rule.h"
+#include "capsule/snapshot/checkpoint.h"
+#include "capsule/snapshot/environment.h"
+#include "capsule/instrument/layer_probe.h"
+#include "capsule/snapshot/rng_state.h"
+#include "capsule/snapshot/tensor_codec.h"
+#include "capsule/instrument/trigger_rule.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/extract.h"
@@ -663,7 +663,7 @@ bool SameBits(double a, double b) {
 namespace internal {
 
 // The captured value of the quantity the trigger watched, and whether the replayed run fires it
-// (the rule the Monitor's capture re-run uses too: probe/trigger_rule.h).
+// (the rule the Monitor's capture re-run uses too: instrument/trigger_rule.h).
 void JudgeFidelity(const v1::Capsule& c, const ProbeResult& run, v1::ReplayReport& report) {
   const v1::Trigger& t = c.trigger();
   const TriggerKind kind = static_cast<TriggerKind>(t.kind());

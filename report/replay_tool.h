@@ -1,6 +1,6 @@
 // How a capsule is replayed: the command that can run its model. A capsule written by a C++
 // trainer replays with `capsule` and the model's plugin; one written from the Python package
-// (its environment lists "python", probe/environment.h) with `python3 -P -m capsule` and the
+// (its environment lists "python", snapshot/environment.h) with `python3 -P -m capsule` and the
 // factory that rebuilds the model. Reports, triage and replay's own "replay:" line print it.
 //
 //   const ReplayTool tool = ReplayToolFor(capsule);

@@ -11,10 +11,10 @@
 #include "capsule/base/printable.h"
 #include "capsule/format/validate.h"
 #include "capsule/format/version.h"
-#include "capsule/probe/checkpoint.h"
-#include "capsule/probe/environment.h"
-#include "capsule/probe/hashing.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/checkpoint.h"
+#include "capsule/snapshot/environment.h"
+#include "capsule/snapshot/hashing.h"
+#include "capsule/snapshot/tensor_codec.h"
 
 namespace capsule::internal {
 namespace {

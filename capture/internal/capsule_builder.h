@@ -24,8 +24,8 @@
 #include "capsule/capture/monitor.h"
 #include "capsule/format/validate.h"
 #include "capsule/model/model.h"
-#include "capsule/probe/layer_probe.h"
-#include "capsule/probe/trigger_rule.h"
+#include "capsule/instrument/layer_probe.h"
+#include "capsule/instrument/trigger_rule.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule::internal {
@@ -67,7 +67,7 @@ struct BuiltCapsule {
 // Fills every section of the capsule. `rerun` is the capture re-run of the step on
 // `context.model`'s `context.path` (null: no re-run, so no per-layer statistics, no first
 // anomalous layer and no Trigger.capture_rerun); whether it fired the trigger again is decided by
-// TriggerFiresAgain (probe/trigger_rule.h). Weights follow options.weight_policy, kAll falling
+// TriggerFiresAgain (instrument/trigger_rule.h). Weights follow options.weight_policy, kAll falling
 // back to kAnomalousLayer above options.max_weight_bytes. The codes of TensorToBlob and
 // CanonicalModelHash (kInvalidArgument for a tensor the format cannot hold).
 // Copies the held tensor bytes into the message and lets the tensors go: for a capsule written

@@ -19,7 +19,7 @@
 
 #include "capsule/base/status.h"
 #include "capsule/model/model.h"
-#include "capsule/probe/rng_state.h"
+#include "capsule/snapshot/rng_state.h"
 
 namespace capsule::internal {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "capsule/capture/monitor.h"
-#include "capsule/probe/rng_state.h"
+#include "capsule/snapshot/rng_state.h"
 
 namespace capsule::internal {
 

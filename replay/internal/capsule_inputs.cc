@@ -8,9 +8,9 @@
 #include <thread>
 
 #include "capsule/format/validate.h"
-#include "capsule/probe/environment.h"
-#include "capsule/probe/hashing.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/environment.h"
+#include "capsule/snapshot/hashing.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/comparator.h"

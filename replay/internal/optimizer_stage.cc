@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "capsule/base/strings.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/replay/internal/capsule_inputs.h"
 #include "capsule/replay/internal/triage.h"
 

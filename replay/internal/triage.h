@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "capsule/model/layer_sequence.h"
-#include "capsule/probe/layer_probe.h"
+#include "capsule/instrument/layer_probe.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/findings.h"
 

@@ -17,7 +17,7 @@
 
 #include "capsule/capture/internal/capture_writer.h"
 #include "capsule/format/capsule_reader.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "tests/format/temp_dir.h"
 

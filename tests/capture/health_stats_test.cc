@@ -1,4 +1,4 @@
-#include "capsule/probe/health_stats.h"
+#include "capsule/instrument/health_stats.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -25,9 +25,9 @@
 #include "capsule/capture/optimizer_probe.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/signing.h"
-#include "capsule/probe/hashing.h"
-#include "capsule/probe/rng_state.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/hashing.h"
+#include "capsule/snapshot/rng_state.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
@@ -584,7 +584,7 @@ TEST(NonDisturbance, CaptureLeavesParamsGradsAndRngUntouched) {
 TEST(Snapshot, RerunWithDropoutIsBitIdentical) {
   // A manual capture of a clean step with dropout on: the re-run from the snapshot must see the
   // same dropout masks and so the bitwise-same loss. RERUN_REPRODUCED for MANUAL allows 1e-6
-  // relative (probe/trigger_rule.h), so the bits are compared here as well.
+  // relative (instrument/trigger_rule.h), so the bits are compared here as well.
   TempDir dir;
   at::set_num_threads(1);
   TinyGptConfig c;

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "capsule/probe/rng_state.h"
+#include "capsule/snapshot/rng_state.h"
 
 namespace capsule {
 namespace {

@@ -1,6 +1,6 @@
 // The trigger rule shared by the Monitor's capture re-run and the replayer's fidelity run
-// (probe/trigger_rule.h): one row per rule and edge.
-#include "capsule/probe/trigger_rule.h"
+// (instrument/trigger_rule.h): one row per rule and edge.
+#include "capsule/instrument/trigger_rule.h"
 
 #include <gtest/gtest.h>
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "capsule/model/layer_sequence.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/plugin_loader.h"
 #include "samples/tiny_gpt/corpus_loader.h"

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/triage.h"

@@ -1,4 +1,4 @@
-#include "capsule/probe/rng_state.h"
+#include "capsule/snapshot/rng_state.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

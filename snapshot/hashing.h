@@ -9,8 +9,8 @@
 //   CAPSULE_ASSIGN_OR_RETURN(capsule::FileHash f, capsule::HashFile("data/tokenizer.json"));
 //
 // Thread safety: thread-safe; parameters must not be written while they are hashed.
-#ifndef CAPSULE_PROBE_HASHING_H_
-#define CAPSULE_PROBE_HASHING_H_
+#ifndef CAPSULE_SNAPSHOT_HASHING_H_
+#define CAPSULE_SNAPSHOT_HASHING_H_
 
 #include <cstdint>
 #include <string>
@@ -34,4 +34,4 @@ StatusOr<FileHash> HashFile(const std::string& path);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_PROBE_HASHING_H_
+#endif  // CAPSULE_SNAPSHOT_HASHING_H_

@@ -13,8 +13,8 @@
 //   CAPSULE_ASSIGN_OR_RETURN(auto digests, TensorDigests(ckpt.tensors));
 //
 // Thread safety: reentrant; tensors must not be written while they are hashed or saved.
-#ifndef CAPSULE_PROBE_CHECKPOINT_H_
-#define CAPSULE_PROBE_CHECKPOINT_H_
+#ifndef CAPSULE_SNAPSHOT_CHECKPOINT_H_
+#define CAPSULE_SNAPSHOT_CHECKPOINT_H_
 
 #include <cstdint>
 #include <string>
@@ -52,7 +52,7 @@ StatusOr<LoadedCheckpoint> LoadCheckpoint(const std::string& path,
 // Writes `tensors` as a state-dict pickle archive, atomically (a temporary file renamed).
 Status SaveCheckpoint(const std::string& path, const std::vector<NamedTensor>& tensors);
 
-// One tensor as the canonical model hash sees it (probe/hashing.h).
+// One tensor as the canonical model hash sees it (snapshot/hashing.h).
 struct TensorDigestInfo {
   std::string name;
   std::string dtype;  // as capsule.v1.DType names it: "float32", "bfloat16", ... (format/dtype.h)
@@ -77,4 +77,4 @@ std::string FirstDigestDifference(const std::vector<TensorDigestInfo>& expected,
 
 }  // namespace capsule
 
-#endif  // CAPSULE_PROBE_CHECKPOINT_H_
+#endif  // CAPSULE_SNAPSHOT_CHECKPOINT_H_

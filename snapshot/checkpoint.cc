@@ -1,4 +1,4 @@
-#include "capsule/probe/checkpoint.h"
+#include "capsule/snapshot/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -14,7 +14,7 @@
 #include "capsule/base/sha256.h"
 #include "capsule/checkpoint/checkpoint_index.h"
 #include "capsule/format/dtype.h"
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {

@@ -11,16 +11,16 @@
 //   if (r.first_anomalous >= 0) std::cout << r.layers[r.first_anomalous].name << "\n";
 //
 // Thread safety: one probe per LayerSequence at a time.
-#ifndef CAPSULE_PROBE_LAYER_PROBE_H_
-#define CAPSULE_PROBE_LAYER_PROBE_H_
+#ifndef CAPSULE_INSTRUMENT_LAYER_PROBE_H_
+#define CAPSULE_INSTRUMENT_LAYER_PROBE_H_
 
 #include <string>
 #include <vector>
 
 #include "capsule/base/status.h"
 #include "capsule/model/layer_sequence.h"
-#include "capsule/probe/health_stats.h"
-#include "capsule/probe/trigger_rule.h"
+#include "capsule/instrument/health_stats.h"
+#include "capsule/instrument/trigger_rule.h"
 
 namespace capsule {
 
@@ -79,9 +79,9 @@ struct ProbeOptions {
 StatusOr<ProbeResult> ProbeStep(LayerSequence& seq, const LayerBatch& batch,
                                 const ProbeOptions& options);
 
-// What the trigger rule (probe/trigger_rule.h) looks at in a probed step.
+// What the trigger rule (instrument/trigger_rule.h) looks at in a probed step.
 RerunOutcome RerunOutcomeOf(const ProbeResult& r);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_PROBE_LAYER_PROBE_H_
+#endif  // CAPSULE_INSTRUMENT_LAYER_PROBE_H_

@@ -1,4 +1,4 @@
-#include "capsule/probe/trigger_rule.h"
+#include "capsule/instrument/trigger_rule.h"
 
 #include <algorithm>
 #include <cmath>

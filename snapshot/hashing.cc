@@ -1,4 +1,4 @@
-#include "capsule/probe/hashing.h"
+#include "capsule/snapshot/hashing.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

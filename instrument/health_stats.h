@@ -28,8 +28,8 @@
 //
 // Thread safety: ComputeHealthStats is reentrant; the caller must not write to the tensor while it
 // runs. It uses at::parallel_for, so it inherits ATen's intra-op thread pool settings.
-#ifndef CAPSULE_PROBE_HEALTH_STATS_H_
-#define CAPSULE_PROBE_HEALTH_STATS_H_
+#ifndef CAPSULE_INSTRUMENT_HEALTH_STATS_H_
+#define CAPSULE_INSTRUMENT_HEALTH_STATS_H_
 
 #include <ATen/Tensor.h>
 
@@ -76,4 +76,4 @@ StatusOr<HealthStats> ComputeHealthStats(const at::Tensor& t,
 
 }  // namespace capsule
 
-#endif  // CAPSULE_PROBE_HEALTH_STATS_H_
+#endif  // CAPSULE_INSTRUMENT_HEALTH_STATS_H_

@@ -1,4 +1,4 @@
-#include "capsule/probe/tensor_codec.h"
+#include "capsule/snapshot/tensor_codec.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

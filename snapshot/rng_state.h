@@ -11,8 +11,8 @@
 //
 // Thread safety: each call locks the generator it reads or writes; it does not stop another
 // thread from drawing numbers in between.
-#ifndef CAPSULE_PROBE_RNG_STATE_H_
-#define CAPSULE_PROBE_RNG_STATE_H_
+#ifndef CAPSULE_SNAPSHOT_RNG_STATE_H_
+#define CAPSULE_SNAPSHOT_RNG_STATE_H_
 
 #include <cstdint>
 #include <string>
@@ -39,4 +39,4 @@ Status RestoreTorchRngs(const std::vector<RngBlobData>& blobs);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_PROBE_RNG_STATE_H_
+#endif  // CAPSULE_SNAPSHOT_RNG_STATE_H_

@@ -1,4 +1,4 @@
-#include "capsule/probe/environment.h"
+#include "capsule/snapshot/environment.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -20,12 +20,12 @@
 // value and every layer's forward statistics have the same bits, REPRODUCED_APPROX otherwise).
 //
 //   CAPSULE_ASSIGN_OR_RETURN(capsule::ProbeResult r, capsule::ProbeStep(seq, batch, {}));
-//   const capsule::RerunOutcome rerun = capsule::RerunOutcomeOf(r);   // probe/layer_probe.h
+//   const capsule::RerunOutcome rerun = capsule::RerunOutcomeOf(r);   // instrument/layer_probe.h
 //   const bool again = capsule::TriggerFiresAgain(kind, observed, threshold, rerun);
 //
 // Thread safety: pure functions.
-#ifndef CAPSULE_PROBE_TRIGGER_RULE_H_
-#define CAPSULE_PROBE_TRIGGER_RULE_H_
+#ifndef CAPSULE_INSTRUMENT_TRIGGER_RULE_H_
+#define CAPSULE_INSTRUMENT_TRIGGER_RULE_H_
 
 namespace capsule {
 
@@ -70,4 +70,4 @@ bool TriggerFiresAgain(TriggerKind kind, double observed, double threshold,
 
 }  // namespace capsule
 
-#endif  // CAPSULE_PROBE_TRIGGER_RULE_H_
+#endif  // CAPSULE_INSTRUMENT_TRIGGER_RULE_H_

@@ -1,4 +1,4 @@
-#include "capsule/probe/health_stats.h"
+#include "capsule/instrument/health_stats.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
@@ -743,7 +743,7 @@ void ForEachRun(const T* data, const Geometry& g, int64_t begin, int64_t end, co
 // reduces chunks [first, last), which the thread pool hands out in ranges whose bounds depend on
 // the thread count, so each chunk's Partial must not depend on the range. With LibTorch's OpenMP
 // backend, at::parallel_for is a header template that forks only in a translation unit compiled
-// with OpenMP (-fopenmp, which probe/CMakeLists.txt sets for this file); built without it, the
+// with OpenMP (-fopenmp, which instrument/CMakeLists.txt sets for this file); built without it, the
 // loop runs on the calling thread, with the same result.
 template <typename RangeFn>
 std::vector<Partial> ForEachChunkRange(int64_t numel, const RangeFn& range_fn) {

@@ -1,4 +1,4 @@
-#include "capsule/probe/layer_probe.h"
+#include "capsule/instrument/layer_probe.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
