@@ -42,10 +42,8 @@ void PrintSummary(const v1::ReplayReport& r, std::ostream& out) {
   // The triage stages in their order: which one explains, and each finding that failed or says
   // something (a pass of the data stage states its margin).
   for (const auto& s : r.stages()) {
-    Line(out) << "stage " << StageName(s.stage()) << ": "
-              << (!s.ran()       ? "skipped (" + s.skipped_reason() + ")"
-                  : s.explains() ? std::string("FAILED")
-                                 : std::string("passed"));
+    Line(out) << "stage " << StageName(s.stage()) << ": " << StageVerdict(s)
+              << (s.ran() ? "" : " (" + s.skipped_reason() + ")");
     for (const auto& f : s.findings()) {
       Line(out) << "  " << (f.failed() ? "FAIL " : "ok   ") << f.check() << ": " << f.detail();
     }

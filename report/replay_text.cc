@@ -87,6 +87,10 @@ std::string StageSentence(const v1::ReplayReport& r, v1::Stage stage) {
 
 }  // namespace
 
+std::string StageVerdict(const v1::StageReport& stage) {
+  return !stage.ran() ? "skipped" : stage.explains() ? "FAILED" : "passed";
+}
+
 std::string StageName(int stage) {
   switch (stage) {
     case v1::STAGE_DATA:

@@ -14,6 +14,7 @@
 
 namespace capsule::v1 {
 class ReplayReport;
+class StageReport;
 }  // namespace capsule::v1
 
 namespace capsule {
@@ -25,6 +26,10 @@ std::string DiagnosisSentence(const v1::ReplayReport& report);
 
 // "data", "objective", "numerics" for a capsule.v1.Stage value.
 std::string StageName(int stage);
+
+// A stage's verdict as every output spells it: "skipped" (it did not run), "FAILED" (a finding
+// explains the step) or "passed".
+std::string StageVerdict(const v1::StageReport& stage);
 
 }  // namespace capsule
 

@@ -150,16 +150,18 @@ void FillEnvironment(const v1::Environment& e, const ReportRedaction& redact, Li
   if (!redact.host) add("host", e.hostname());
 }
 
-ReportFinding FindingRow(const v1::Finding& f, Limiter& cap) {
-  ReportFinding row;
-  row.check = cap.Text(f.check());
-  row.failed = f.failed();
-  row.detail = cap.Text(f.detail(), 2 * cap.limits.text_bytes);
-  row.value = f.value();
-  row.threshold = f.threshold();
-  if (f.has_sample_index()) row.sample_index = f.sample_index();
-  row.sample_id = cap.Text(f.sample_id());
-  if (f.has_dataset_index()) row.dataset_index = f.dataset_index();
+// The replay's finding with every text it carries cut to the report's limits.
+v1::Finding FindingRow(const v1::Finding& f, Limiter& cap) {
+  v1::Finding row = f;
+  row.set_check(cap.Text(f.check()));
+  row.set_detail(cap.Text(f.detail(), 2 * cap.limits.text_bytes));
+  row.set_sample_id(cap.Text(f.sample_id()));
+  row.set_parameter(cap.Text(f.parameter()));
+  for (v1::Fact& fact : *row.mutable_facts()) {
+    fact.set_name(cap.Text(fact.name()));
+    fact.set_text(cap.Text(fact.text()));
+    for (std::string& item : *fact.mutable_items()) item = cap.Text(item);
+  }
   return row;
 }
 
@@ -169,7 +171,7 @@ ReportStage StageRow(const v1::StageReport& s, Limiter& cap) {
   row.ran = s.ran();
   row.skipped_reason = cap.Text(s.skipped_reason());
   row.explains = s.explains();
-  row.verdict = !s.ran() ? "skipped" : s.explains() ? "FAILED" : "passed";
+  row.verdict = StageVerdict(s);
   // Failed findings before the notes, so that the cap below never keeps a note and cuts what
   // explains the failure. Indices first: only the kept findings are copied and cut to size.
   std::vector<int> order;

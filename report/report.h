@@ -29,6 +29,7 @@
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/redact.h"
+#include "capsule/proto/replay_report.pb.h"
 
 namespace capsule::v1 {
 class InputTrust;
@@ -146,19 +147,6 @@ struct ReportSequence {
   std::string raw_text;            // empty when redacted
 };
 
-// One check of a triage stage (capsule.v1.Finding).
-struct ReportFinding {
-  std::string check;    // a stable name, e.g. "objective.reduction_sum" (cli/capsule.md)
-  bool failed = false;  // false: a note, or a check that passed
-  std::string detail;   // one sentence with the numbers
-  double value = 0;
-  double threshold = 0;
-  // The sample the finding is about, for per-sample findings; sample_id is empty when unset.
-  std::optional<int> sample_index;
-  std::string sample_id;
-  std::optional<int64_t> dataset_index;
-};
-
 // One triage stage of the replay, in the order replay ran them (data, objective, gradients,
 // optimizer, numerics): the first that explains is the diagnosis.
 struct ReportStage {
@@ -166,12 +154,12 @@ struct ReportStage {
   bool ran = false;
   std::string skipped_reason;  // why it did not run; empty when it ran
   bool explains = false;       // a finding failed
-  // "passed", "FAILED" or "skipped", as `capsule replay` prints it: from ran and explains, set
-  // here once so that no renderer phrases it differently.
+  // StageVerdict (report/replay_text.h): "passed", "FAILED" or "skipped", as `capsule replay`
+  // prints it.
   std::string verdict;
   // The failed findings first, then the notes, each group in the replay's order; at most
   // ReportLimits::findings, so a failed finding is never cut for a note.
-  std::vector<ReportFinding> findings;
+  std::vector<v1::Finding> findings;  // the replay's own, texts cut to the report's limits
 };
 
 struct ReportReplay {

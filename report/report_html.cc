@@ -391,10 +391,10 @@ void Triage(std::ostream& out, const ReportModel& m) {
     out << "</td><td>";
     if (s.findings.empty()) out << "-";
     for (size_t i = 0; i < s.findings.size(); ++i) {
-      const ReportFinding& f = s.findings[i];
-      out << (i ? "<br>" : "") << (f.failed ? "<b>FAIL</b> " : "ok ") << "<code>"
-          << HtmlEscape(f.check) << "</code>";
-      if (!f.detail.empty()) out << ": " << HtmlEscape(f.detail);
+      const v1::Finding& f = s.findings[i];
+      out << (i ? "<br>" : "") << (f.failed() ? "<b>FAIL</b> " : "ok ") << "<code>"
+          << HtmlEscape(f.check()) << "</code>";
+      if (!f.detail().empty()) out << ": " << HtmlEscape(f.detail());
     }
     out << "</td></tr>\n";
   }

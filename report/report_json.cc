@@ -82,17 +82,7 @@ void FillReplay(const ReportReplay& r, Json::Replay* o) {
     stage.set_skipped_reason(s.skipped_reason);
     stage.set_explains(s.explains);
     stage.set_verdict(s.verdict);
-    for (const auto& f : s.findings) {
-      Json::Finding& finding = *stage.add_findings();
-      finding.set_check(f.check);
-      finding.set_failed(f.failed);
-      finding.set_detail(f.detail);
-      finding.set_value(f.value);
-      finding.set_threshold(f.threshold);
-      if (f.sample_index) finding.set_sample_index(*f.sample_index);
-      finding.set_sample_id(f.sample_id);
-      if (f.dataset_index) finding.set_dataset_index(*f.dataset_index);
-    }
+    for (const v1::Finding& f : s.findings) *stage.add_findings() = f;
   }
 }
 

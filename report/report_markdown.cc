@@ -175,10 +175,10 @@ void Triage(std::ostream& out, const ReportModel& m) {
     }
     if (!s.ran && !s.skipped_reason.empty()) out << " (" << MarkdownEscape(s.skipped_reason) << ")";
     out << "\n";
-    for (const ReportFinding& f : s.findings) {
-      out << "  - " << (f.failed ? "**FAIL** " : "ok ") << "<code>" << MarkdownEscape(f.check)
+    for (const v1::Finding& f : s.findings) {
+      out << "  - " << (f.failed() ? "**FAIL** " : "ok ") << "<code>" << MarkdownEscape(f.check())
           << "</code>";
-      if (!f.detail.empty()) out << ": " << MarkdownEscape(f.detail);
+      if (!f.detail().empty()) out << ": " << MarkdownEscape(f.detail());
       out << "\n";
     }
   }
