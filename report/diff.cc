@@ -11,8 +11,8 @@
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/json.h"
 #include "capsule/proto/report.pb.h"
-#include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
 
 namespace capsule {
@@ -310,7 +310,7 @@ std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff, const v1:
     d.set_b(r.b);
     d.set_note(r.note);
   }
-  return internal::PrintJson(json);
+  return PrintJson(json);
 }
 
 }  // namespace capsule

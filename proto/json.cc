@@ -1,9 +1,9 @@
-#include "capsule/report/internal/json.h"
+#include "capsule/proto/json.h"
 
 #include <google/protobuf/message.h>
 #include <google/protobuf/util/json_util.h>
 
-namespace capsule::internal {
+namespace capsule {
 
 std::string PrintJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
@@ -15,4 +15,4 @@ std::string PrintJson(const google::protobuf::Message& message) {
   return json + "\n";
 }
 
-}  // namespace capsule::internal
+}  // namespace capsule
