@@ -44,7 +44,8 @@ void Analysis::Hang() {
     any = true;
   }
   if (!any) {
-    if (!missing_.empty()) Undecided("hang", NoCapsuleFrom(missing_));
+    PointToPoint();
+    if (!hang_found_ && !missing_.empty()) Undecided("hang", NoCapsuleFrom(missing_));
     return;
   }
   // The sequences some rank recorded in [lo, hi]: the loops below visit these, never every
@@ -61,6 +62,7 @@ void Analysis::Hang() {
   Behind(hi, named);
   named_.insert(named.begin(), named.end());
   DeadPeer(seqs);
+  PointToPoint();
   if (!hang_found_ && !missing_.empty()) Undecided("hang", NoCapsuleFrom(missing_));
 }
 
@@ -232,36 +234,116 @@ void Analysis::Behind(uint64_t hi, const std::set<int>& named) {
                                OpTag(*theirs) + ", step " + std::to_string(theirs->step()) +
                                ") that " + RankList(waiting) +
                                (waiting.size() == 1 ? " waits" : " wait") + " in";
-    const int64_t behind = last_step - v.last_step;
-    std::string detail;
-    std::string check = "hang.never_issued";
-    if (v.latest().trigger().kind() == v1::EXCEPTION) {
-      // Its step threw and the trainer left the loop: the others wait for a rank that is gone.
-      check = "hang.exception";
-      detail = "rank " + std::to_string(rank) + " raised an exception in step " +
-               std::to_string(v.latest().step().global_step()) + " and left the run (" +
-               ExceptionText(v) + "); it " + issued;
-    } else if (v.collectives.rbegin()->second->state() == v1::COMPLETED) {
-      // Its last call completed and it issued nothing since: it is not waiting in a
-      // collective but stuck elsewhere (data loading, I/O, a deadlock in its own code).
-      check = "hang.stuck_rank";
-      detail = "rank " + std::to_string(rank) +
-               " is stuck outside any collective: its last one (sequence " + std::to_string(s - 1) +
-               ") completed, and it " + issued;
-    } else if (behind == 1) {
-      check = "hang.uneven_data";
-      detail = "rank " + std::to_string(rank) +
-               "'s data ran out one step early (uneven data): it began step " +
-               std::to_string(v.last_step) + " last, the others step " + std::to_string(last_step) +
-               ", and " + issued;
-    } else {
-      detail = "rank " + std::to_string(rank) + " " + issued;
-      if (behind > 1) detail += "; it is " + std::to_string(behind) + " steps behind";
-    }
-    const std::string position = Position(v);
-    if (!position.empty()) detail += "; its trainer thread: " + position;
+    const auto [check, detail] = WhyBehind(v, s, last_step, issued);
     Add(check, detail, {rank}, v.latest_path()).step(theirs->step(), s);
     named_.insert(rank);
+  }
+}
+
+std::pair<std::string, std::string> Analysis::WhyBehind(const RankView& v, uint64_t s,
+                                                        int64_t last_step,
+                                                        const std::string& issued) const {
+  const std::string rank = "rank " + std::to_string(v.rank);
+  const int64_t behind = last_step - v.last_step;
+  const std::string position = Position(v);
+  const std::string where = position.empty() ? "" : "; its trainer thread: " + position;
+  if (v.latest().trigger().kind() == v1::EXCEPTION) {
+    // Its step threw and the trainer left the loop: the others wait for a rank that is gone.
+    return {"hang.exception", rank + " raised an exception in step " +
+                                  std::to_string(v.latest().step().global_step()) +
+                                  " and left the run (" + ExceptionText(v) + "); it " + issued +
+                                  where};
+  }
+  if (auto f = finished_.find(v.rank); f != finished_.end() && f->second < last_step) {
+    return {"hang.uneven_data", UnevenData(v.rank, f->second, last_step) + "; it " + issued};
+  }
+  if (const v1::Collective* p = PendingP2p(v)) {
+    return {"hang.point_to_point",
+            rank + " waits in " + P2pText(*p) + " and " + issued + P2pPeerSays(v.rank, *p) + where};
+  }
+  if (v.collectives.rbegin()->second->state() == v1::COMPLETED) {
+    // Its last call completed and it issued nothing since: it is not waiting in a recorded
+    // collective but elsewhere (data loading, I/O, its own deadlock, or a collective issued on
+    // the group directly, which the wrapper cannot see).
+    return {"hang.stuck_rank",
+            rank + " is stuck outside the recorded collectives: its last one (sequence " +
+                std::to_string(s - 1) + ") completed, and it " + issued +
+                " (data loading, I/O, its own deadlock, or a collective issued on the process "
+                "group directly)" +
+                where};
+  }
+  if (behind == 1) {
+    return {"hang.uneven_data", rank +
+                                    "'s data ran out one step early (uneven data): it began step " +
+                                    std::to_string(v.last_step) + " last, the others step " +
+                                    std::to_string(last_step) + ", and " + issued + where};
+  }
+  std::string detail = rank + " " + issued;
+  if (behind > 1) detail += "; it is " + std::to_string(behind) + " steps behind";
+  return {"hang.never_issued", detail + where};
+}
+
+// "rank 2 finished its training loop after step 5 while the others went on to step 6: its data
+// ran out early (uneven data)"
+std::string Analysis::UnevenData(int rank, int64_t its_last, int64_t others_last) const {
+  return "rank " + std::to_string(rank) + " finished its training loop after step " +
+         std::to_string(its_last) + " while the others went on to step " +
+         std::to_string(others_last) + " (the step numbers its capsule or the store recorded): " +
+         "its data ran out early (uneven data)";
+}
+
+const v1::Collective* Analysis::PendingP2p(const RankView& v) const {
+  const v1::Collective* last = nullptr;
+  for (const auto& [key, c] : v.p2p) {
+    if (c->state() == v1::COMPLETED) continue;
+    if (last == nullptr || c->enqueued_unix_micros() > last->enqueued_unix_micros()) last = c;
+  }
+  return last;
+}
+
+// "recv act from rank 0 (#3, step 2)"
+std::string Analysis::P2pText(const v1::Collective& c) {
+  return Field(c.op()) + (c.tag().empty() ? "" : " " + Field(c.tag())) +
+         (c.op() == "send" ? " to rank " : " from rank ") + std::to_string(c.peer()) + " (#" +
+         std::to_string(c.sequence()) + ", step " + std::to_string(c.step()) + ")";
+}
+
+// What the peer's ring says of the op matching `c` (rank `rank`'s n-th recv from the peer is the
+// peer's n-th send to it): "; rank 0 never issued its send to rank 1 #3 (its last is #2)".
+std::string Analysis::P2pPeerSays(int rank, const v1::Collective& c) const {
+  auto it = views_.find(c.peer());
+  if (it == views_.end()) return "; " + NoCapsuleFrom({{c.peer(), c.peer()}});
+  const std::string match = c.op() == "send" ? "recv" : "send";
+  const RankView& peer = it->second;
+  if (peer.p2p.count({rank, match, c.sequence()})) {
+    return "; rank " + std::to_string(c.peer()) + " issued the matching " + match + " #" +
+           std::to_string(c.sequence());
+  }
+  std::string last = "none";
+  for (const auto& [key, k] : peer.p2p) {
+    if (std::get<0>(key) == rank && std::get<1>(key) == match)
+      last = "#" + std::to_string(std::get<2>(key));
+  }
+  return "; rank " + std::to_string(c.peer()) + " never issued the matching " + match + " #" +
+         std::to_string(c.sequence()) + " (its last " + match +
+         (match == "send" ? " to" : " from") + " rank " + std::to_string(rank) + ": " + last + ")";
+}
+
+// A rank waiting in a point-to-point op whose match its peer never issued, when the collective
+// rings named nobody.
+void Analysis::PointToPoint() {
+  if (hang_found_) return;
+  for (const auto& [rank, v] : views_) {
+    const v1::Collective* p = PendingP2p(v);
+    if (p == nullptr) continue;
+    const std::string peer = P2pPeerSays(rank, *p);
+    if (peer.find("never issued") == std::string::npos) continue;
+    Add("hang.point_to_point", "rank " + std::to_string(rank) + " waits in " + P2pText(*p) + peer,
+        {p->peer()}, v.latest_path())
+        .step(p->step());
+    named_.insert(p->peer());
+    hang_found_ = true;
+    return;
   }
 }
 
@@ -274,6 +356,7 @@ std::string Analysis::ExceptionText(const RankView& v) {
 void Analysis::Exceptions() {
   for (const auto& [rank, v] : views_) {
     if (named_.count(rank) || v.latest().trigger().kind() != v1::EXCEPTION) continue;
+    if (auto role = roles_.find(rank); role != roles_.end() && role->second == "victim") continue;
     const int64_t step = v.latest().step().global_step();
     Add("rank.exception",
         "rank " + std::to_string(rank) + "'s step " + std::to_string(step) +
@@ -286,6 +369,7 @@ void Analysis::Exceptions() {
 // (c) Every present rank enqueued s and none completed it, while a rank wrote no capsule.
 void Analysis::DeadPeer(const std::set<uint64_t>& seqs) {
   if (missing_.empty() || hang_found_) return;
+  if (FinishedPeers(seqs)) return;
   for (uint64_t s : seqs) {
     bool all = true, none_completed = true;
     const v1::Collective* c = nullptr;
@@ -331,6 +415,48 @@ std::string Analysis::Position(const RankView& v) {
     }
   }
   return "";
+}
+
+// Missing ranks that the store said finished their loop before the step the others went on to:
+// uneven data, not a dead peer.
+bool Analysis::FinishedPeers(const std::set<uint64_t>& seqs) {
+  int64_t last_step = 0;
+  for (const auto& [rank, v] : views_) last_step = std::max(last_step, v.last_step);
+  std::vector<int> early;
+  for (const auto& [r, step] : finished_) {
+    if (!views_.count(r) && step < last_step) early.push_back(r);
+  }
+  if (early.empty()) return false;
+  const v1::Collective* waited = nullptr;
+  for (uint64_t s : seqs) {
+    bool any = false, none_completed = true;
+    const v1::Collective* c = nullptr;
+    for (const auto& [rank, v] : views_) {
+      if (const v1::Collective* mine = At(v, s)) {
+        any = true;
+        none_completed &= mine->state() != v1::COMPLETED;
+        c = mine;
+      }
+    }
+    if (any && none_completed) {
+      waited = c;
+      break;
+    }
+  }
+  for (int r : early) {
+    std::string detail = UnevenData(r, finished_.at(r), last_step) + "; it wrote no capsule";
+    if (waited != nullptr) {
+      detail += ", and " + RankList(present_) + (present_.size() == 1 ? " waits" : " wait") +
+                " in sequence " + std::to_string(waited->sequence()) + " (" + OpTag(*waited) +
+                ", step " + std::to_string(waited->step()) + ")";
+    }
+    FindingRef f = Add("hang.uneven_data", detail, {r}, views_.begin()->second.latest_path());
+    f.missing({{r, r}});
+    if (waited != nullptr) f.step(waited->step(), waited->sequence());
+    named_.insert(r);
+  }
+  hang_found_ = true;
+  return true;
 }
 
 }  // namespace capsule::ranks

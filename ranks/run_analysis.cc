@@ -16,6 +16,7 @@ void Analysis::Run() {
   Completeness();
   Gradients();
   Hang();
+  Roles();  // before Exceptions: a victim's exception is the collective error, not a cause
   Exceptions();
   Desync();
   Scaling();
@@ -88,6 +89,11 @@ void Analysis::BuildViews() {
     for (const auto& k : d.collectives()) v.collectives[k.sequence()] = &k;
     for (const auto& r : d.reductions()) v.records[{r.step(), r.sequence()}] = &r;
     for (const auto& f : d.fingerprints()) v.fingerprints[f.step()] = &f;
+    for (const auto& k : d.point_to_point()) v.p2p[{k.peer(), k.op(), k.sequence()}] = &k;
+    for (const auto& f : d.finished()) {
+      int64_t& last = finished_.try_emplace(f.rank(), f.last_step()).first->second;
+      last = std::max(last, f.last_step());
+    }
     v.last_step = std::max(v.last_step, d.last_step());
     if (!d.fingerprints().empty()) {
       v.last_step = std::max(v.last_step, d.fingerprints().rbegin()->step());
@@ -162,6 +168,7 @@ void Analysis::Evidence() {
     if (first_bad_step_.count(rank)) e.set_first_non_finite_step(first_bad_step_.at(rank));
     if (!v.fingerprints.empty()) e.set_params(Field(v.fingerprints.rbegin()->second->params()));
     e.set_position(Position(v));
+    if (auto role = roles_.find(rank); role != roles_.end()) e.set_role(role->second);
     for (const auto& [seq, c] : v.collectives) {
       if (c->state() == v1::FAILED && !c->error().empty()) {
         e.set_error(Field(c->error()));

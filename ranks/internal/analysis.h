@@ -1,7 +1,8 @@
 // The run analysis's own parts (ranks/run_analysis.h): how it keeps the ranks' capsules, the
 // names and ranges its sentences use, and the Analysis whose checks live one concern to a file:
 // run_analysis.cc (the run, the ranks' views, completeness, evidence, outcome), gradients.cc,
-// ring.cc (collective alignment and hangs), fingerprints.cc (replicas and RNG), scaling.cc.
+// ring.cc (collective and point-to-point alignment, hangs), roles.cc (culprit and victims),
+// fingerprints.cc (replicas and RNG), scaling.cc.
 // Not installed.
 //
 // Thread safety: an Analysis is used from one thread; the free functions are pure.
@@ -87,6 +88,8 @@ struct RankView {
   std::map<std::pair<int64_t, uint64_t>, const v1::GradReduction*> records;
   std::map<int64_t, v1::GradReduction> reductions;  // by step
   std::map<int64_t, const v1::StepFingerprint*> fingerprints;
+  // Point-to-point ops by (peer, "send"/"recv", count with that peer in that direction).
+  std::map<std::tuple<int, std::string, uint64_t>, const v1::Collective*> p2p;
   int64_t last_step = 0;
 
   const v1::Capsule& latest() const { return *capsules.back()->capsule; }
@@ -172,7 +175,7 @@ class FindingRef {
 };
 
 // One analysis of one run: Run() fills `out` with the findings, in the order completeness,
-// gradients, hang, exceptions, desync, scaling.
+// gradients, hang, first failure, exceptions, desync, scaling.
 class Analysis {
  public:
   Analysis(const std::vector<RunCapsule>& capsules, const RunAnalysisOptions& options,
@@ -209,10 +212,28 @@ class Analysis {
                      uint64_t seq) const;
   void Mismatch(const std::set<uint64_t>& seqs, std::set<int>* named);
   void Behind(uint64_t hi, const std::set<int>& named);
+  // The check and the sentence for rank `v`, whose ring stops before sequence `s` the others wait
+  // in; `issued` is "never issued sequence s (...) that ranks ... wait in".
+  std::pair<std::string, std::string> WhyBehind(const RankView& v, uint64_t s, int64_t last_step,
+                                                const std::string& issued) const;
+  std::string UnevenData(int rank, int64_t its_last, int64_t others_last) const;
+  bool FinishedPeers(const std::set<uint64_t>& seqs);
+  // The rank's newest point-to-point op that did not complete; null when none.
+  const v1::Collective* PendingP2p(const RankView& v) const;
+  static std::string P2pText(const v1::Collective& c);
+  std::string P2pPeerSays(int rank, const v1::Collective& c) const;
+  void PointToPoint();
   static std::string ExceptionText(const RankView& v);
   void Exceptions();
   void DeadPeer(const std::set<uint64_t>& seqs);
   static std::string Position(const RankView& v);
+
+  // roles.cc
+  // When the rank first failed (unix micros): an EXCEPTION or COLLECTIVE_ERROR capsule, a failed
+  // entry; int64 max when never.
+  static int64_t FirstFailure(const RankView& v);
+  static bool Affected(const RankView& v);
+  void Roles();
 
   // fingerprints.cc
   using Checksum = std::string (*)(const v1::StepFingerprint&);
@@ -236,7 +257,9 @@ class Analysis {
   std::map<int, int64_t> first_bad_step_;
   bool gradients_decided_ = false;
   bool hang_found_ = false;
-  std::set<int> named_;  // ranks a hang finding named
+  std::set<int> named_;               // ranks a hang finding named
+  std::map<int, int64_t> finished_;   // rank -> last step, as any capsule recorded it
+  std::map<int, std::string> roles_;  // "culprit", "victim"
 };
 
 }  // namespace capsule::ranks

@@ -445,8 +445,9 @@ TEST_P(RunAnalysisTest, ARankStuckOutsideAnyCollectiveIsNamed) {
   Write(run);
   const CommandResult r = Cli();
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("rank " + std::to_string(last()) +
-                          " is stuck outside any collective: its last one (sequence 5) completed"),
+  EXPECT_NE(r.output.find(
+                "rank " + std::to_string(last()) +
+                " is stuck outside the recorded collectives: its last one (sequence 5) completed"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("never issued sequence 6 (allreduce grads, step 3)"), std::string::npos)
@@ -898,6 +899,163 @@ TEST_P(RunAnalysisTest, TheInputKeepsWhatItNeedsAndNotTheCapsule) {
   const v1::TriageFinding& f = Only(t, "gradients.first_bad_rank");
   EXPECT_EQ(Ranks(f), std::vector<int>{last()});
   EXPECT_EQ(f.capsule(), dir_ + "/" + FileName(run[last()]));
+}
+
+// Sends "act" from rank 0 to rank `to`, #0 .. #count-1, one per step, completed.
+void AddSends(v1::Capsule& from, v1::Capsule& to, int count) {
+  for (int n = 0; n < count; ++n) {
+    for (auto [c, op, peer] : {std::make_tuple(&from, "send", to.placement().rank()),
+                               std::make_tuple(&to, "recv", from.placement().rank())}) {
+      v1::Collective& k = *c->mutable_distributed()->add_point_to_point();
+      k.set_sequence(n);
+      k.set_op(op);
+      k.set_tag("act");
+      k.set_peer(peer);
+      k.set_dtype("float32");
+      k.set_numel(16);
+      k.set_state(v1::COMPLETED);
+      k.set_enqueued_unix_micros(1780000000000000 + n * 20);
+      k.set_completed_unix_micros(1780000000000001 + n * 20);
+      k.set_step(n);
+    }
+  }
+}
+
+TEST_P(RunAnalysisTest, ARankWaitingInAReceiveIsNamedWithThePeerThatNeverSent) {
+  // Rank `last` receives step 3's activations from rank 0 (#3) before its "grads"; rank 0 went
+  // straight to "grads" (sequence 6) without sending.
+  std::vector<v1::Capsule> run = RankLeftAfterStep2(world(), v1::HANG, "dump requested");
+  AddSends(run[0], run[last()], 3);
+  v1::Collective& wait = *run[last()].mutable_distributed()->add_point_to_point();
+  wait.set_sequence(3);
+  wait.set_op("recv");
+  wait.set_tag("act");
+  wait.set_peer(0);
+  wait.set_numel(16);
+  wait.set_state(v1::ENQUEUED);
+  wait.set_enqueued_unix_micros(1780000000009000);
+  wait.set_step(3);
+  run[last()].mutable_distributed()->set_last_step(3);
+  const v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "hang.point_to_point");
+  EXPECT_EQ(Ranks(f), std::vector<int>{last()});
+  EXPECT_NE(f.detail().find("waits in recv act from rank 0 (#3, step 3)"), std::string::npos)
+      << f.detail();
+  EXPECT_NE(f.detail().find("rank 0 never issued the matching send #3 (its last send to rank " +
+                            std::to_string(last()) + ": #2)"),
+            std::string::npos)
+      << f.detail();
+
+  Write(run);
+  const CommandResult r = Cli();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("hang.point_to_point: rank " + std::to_string(last()) + " waits in"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_P(RunAnalysisTest, TheRankThatFailedFirstIsTheCulpritAndTheOthersVictims) {
+  // Rank 1 died in the backend at step 3's "grads" (sequence 6, still enqueued on its side);
+  // the others' "grads" then failed (the connection closed), and rank `last`'s trainer rethrew
+  // the error as an EXCEPTION capsule too. The rings agree: only the times tell.
+  const int64_t t0 = 1780000000100000;
+  std::vector<v1::Capsule> run = CleanRun(world());
+  std::vector<v1::Capsule> extra;
+  for (v1::Capsule& c : run) {
+    v1::Distributed& d = *c.mutable_distributed();
+    d.mutable_collectives()->RemoveLast();
+    d.mutable_reductions()->RemoveLast();
+    v1::Collective& k = *d.mutable_collectives(6);
+    const int rank = c.placement().rank();
+    c.mutable_trigger()->set_kind(v1::COLLECTIVE_ERROR);
+    if (rank == 1) {
+      k.set_state(v1::ENQUEUED);
+      k.set_completed_unix_micros(0);
+      c.set_created_unix_micros(t0);
+      c.mutable_trigger()->set_message(
+          "rank 1: the process is terminating in the collective backend: out of memory");
+      continue;
+    }
+    k.set_state(v1::FAILED);
+    k.set_error("Connection closed by peer");
+    k.set_completed_unix_micros(t0 + 2000 + rank);
+    c.set_created_unix_micros(t0 + 3000 + rank);
+    c.mutable_trigger()->set_message("collective allreduce grads (sequence 6) failed");
+    if (rank == last()) {
+      v1::Capsule e = c;
+      e.mutable_trigger()->set_kind(v1::EXCEPTION);
+      e.mutable_trigger()->set_message("Connection closed by peer");
+      e.set_created_unix_micros(t0 + 9000);
+      extra.push_back(std::move(e));
+    }
+  }
+  run.insert(run.end(), extra.begin(), extra.end());
+  const v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "rank.first_failure");
+  EXPECT_EQ(Ranks(f), std::vector<int>{1});
+  EXPECT_NE(f.detail().find("rank 1 failed first (COLLECTIVE_ERROR at step 3, 2 ms before any "
+                            "other: \"rank 1: the process is terminating"),
+            std::string::npos)
+      << f.detail();
+  for (const v1::RankEvidence& e : t.ranks()) {
+    EXPECT_EQ(e.role(), e.rank() == 1 ? "culprit" : "victim") << e.rank();
+  }
+
+  Write(run);
+  const CommandResult r = Cli();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("rank.first_failure: rank 1 failed first"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("rank.exception"), std::string::npos) << r.output;
+}
+
+TEST_P(RunAnalysisTest, ARankThatRaisedIsTheCulpritAndTheWaitingRanksVictims) {
+  std::vector<v1::Capsule> run = RankLeftAfterStep2(world(), v1::EXCEPTION, "ValueError: bad");
+  const v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "hang.exception");
+  std::vector<int> others;
+  for (int r = 0; r < last(); ++r) others.push_back(r);
+  std::string victims = others.size() == 1 ? "rank 0" : "ranks 0";
+  for (size_t i = 1; i < others.size(); ++i) victims += ", " + std::to_string(others[i]);
+  EXPECT_NE(f.detail().find("; " + victims + " failed or hung after it in what it left"),
+            std::string::npos)
+      << f.detail();
+  for (const v1::RankEvidence& e : t.ranks()) {
+    EXPECT_EQ(e.role(), e.rank() == last() ? "culprit" : "victim") << e.rank();
+  }
+}
+
+TEST_P(RunAnalysisTest, ARankThatFinishedItsLoopEarlyIsUnevenDataNotStuck) {
+  // Rank `last` finished its loop after step 2 (it said so through the store); the others went
+  // on to step 3 and wait in its "grads". Its own capsule (written when the others asked) shows
+  // it idle after a completed collective, as a stuck rank would be: the step numbers tell.
+  std::vector<v1::Capsule> run = RankLeftAfterStep2(world(), v1::HANG, "dump requested");
+  for (int r = 0; r < last(); ++r) {
+    v1::FinishedRank& done = *run[r].mutable_distributed()->add_finished();
+    done.set_rank(last());
+    done.set_last_step(2);
+  }
+  v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "hang.uneven_data");
+  EXPECT_EQ(Ranks(f), std::vector<int>{last()});
+  EXPECT_NE(f.detail().find("rank " + std::to_string(last()) +
+                            " finished its training loop after step 2 while the others went on "
+                            "to step 3"),
+            std::string::npos)
+      << f.detail();
+
+  // Without its capsule (its process ended): the same, not a dead peer.
+  run.pop_back();
+  t = Analyse(run);
+  const v1::TriageFinding& g = Only(t, "hang.uneven_data");
+  EXPECT_EQ(Ranks(g), std::vector<int>{last()});
+  EXPECT_EQ(g.sequence(), 6u);
+  ASSERT_EQ(g.missing_size(), 1);
+  EXPECT_EQ(g.missing(0).first(), last());
+  Write(run);
+  const CommandResult r = Cli();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("it wrote no capsule"), std::string::npos) << r.output;
 }
 
 TEST(RunTriageCliTest, AFolderWithoutCapsulesOrThatDoesNotExistExitsTwo) {
