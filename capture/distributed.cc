@@ -123,6 +123,7 @@ struct Distributed::Impl {
   bool finished = false;  // Finish ran
   bool failed = false;    // a collective through the wrapper failed
   uint64_t params_checksum = 0;
+  std::vector<at::Tensor> params;  // SetParameters: what the fingerprint checksums
   // The current step's reduction, for the agreement row.
   bool reduced_this_step = false;
   GradReductionStats last_reduction;
@@ -622,41 +623,33 @@ void Distributed::Barrier(const std::string& tag) {
   impl_->Run({"barrier", tag, kNone, kNone, ""}, [&] { return impl_->pg->barrier(); });
 }
 
-GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& params,
-                                                GradReduce mode, const std::string& tag) {
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor& p : params) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
+namespace {
+
+// The L2 norm and the non-finite count of `t`, from one fused pass (probe/health_stats.h).
+void Health(const at::Tensor& t, double* norm, int64_t* non_finite) {
+  StatusOr<HealthStats> h = ComputeHealthStats(t);
+  if (!h.ok()) return;
+  *non_finite = h->nan_count + h->pos_inf_count + h->neg_inf_count;
+  // rms is over the finite elements: the norm of the whole tensor is non-finite when any is.
+  *norm = *non_finite > 0 ? NAN : h->rms * std::sqrt(static_cast<double>(h->numel));
+}
+
+}  // namespace
+
+GradReductionStats Distributed::ReduceBucket(at::Tensor& bucket, GradReduce mode,
+                                             const std::string& tag) {
   GradReductionStats stats;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     stats.step = impl_->step;
     stats.sequence = impl_->next_sequence;
   }
-  std::vector<at::Tensor> flat_views;
-  flat_views.reserve(grads.size());
-  for (const at::Tensor& g : grads) flat_views.push_back(g.reshape({-1}));
-  at::Tensor flat = flat_views.empty() ? at::zeros({0}) : at::cat(flat_views);
-  auto health = [](const at::Tensor& t, double* norm, int64_t* non_finite) {
-    StatusOr<HealthStats> h = ComputeHealthStats(t);
-    if (!h.ok()) return;
-    *non_finite = h->nan_count + h->pos_inf_count + h->neg_inf_count;
-    // rms is over the finite elements: the norm of the whole tensor is non-finite when any is.
-    *norm = *non_finite > 0 ? NAN : h->rms * std::sqrt(static_cast<double>(h->numel));
-  };
-  health(flat, &stats.local_norm, &stats.local_non_finite);
-  std::vector<at::Tensor> buffers{flat};
+  Health(bucket, &stats.local_norm, &stats.local_non_finite);
+  std::vector<at::Tensor> buffers{bucket};
   AllReduce(buffers, tag, "sum");
   stats.divisor = mode == GradReduce::kMean ? impl_->world : 1;
-  if (stats.divisor != 1) flat.div_(stats.divisor);
-  health(flat, &stats.global_norm, &stats.global_non_finite);
-  int64_t offset = 0;
-  for (at::Tensor& g : grads) {
-    const int64_t n = g.numel();
-    g.copy_(flat.narrow(0, offset, n).view_as(g));
-    offset += n;
-  }
+  if (stats.divisor != 1) bucket.div_(stats.divisor);
+  Health(bucket, &stats.global_norm, &stats.global_non_finite);
   v1::GradReduction rec;
   rec.set_step(stats.step);
   rec.set_sequence(stats.sequence);
@@ -667,18 +660,63 @@ GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& p
   rec.set_divisor(stats.divisor);
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->reductions.push_back(std::move(rec));
-  while (impl_->reductions.size() > 64) impl_->reductions.pop_front();
+  while (impl_->reductions.size() > 256) impl_->reductions.pop_front();
+  // The agreement row speaks for the whole step: the buckets' norms combine as the root of the
+  // sum of squares, their non-finite counts add (as triage combines the records).
+  GradReductionStats& step = impl_->last_reduction;
+  if (!impl_->reduced_this_step) {
+    step = stats;
+  } else {
+    step.local_norm = std::hypot(step.local_norm, stats.local_norm);
+    step.global_norm = std::hypot(step.global_norm, stats.global_norm);
+    step.local_non_finite += stats.local_non_finite;
+    step.global_non_finite += stats.global_non_finite;
+  }
   impl_->reduced_this_step = true;
-  impl_->last_reduction = stats;
   return stats;
+}
+
+GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& params,
+                                                GradReduce mode, const std::string& tag) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  // One contiguous gradient is its own bucket; several are flattened into one and copied back.
+  if (grads.size() == 1 && grads[0].is_contiguous()) {
+    at::Tensor flat = grads[0].view({-1});
+    return ReduceBucket(flat, mode, tag);
+  }
+  std::vector<at::Tensor> flat_views;
+  flat_views.reserve(grads.size());
+  for (const at::Tensor& g : grads) flat_views.push_back(g.reshape({-1}));
+  at::Tensor flat = flat_views.empty() ? at::zeros({0}) : at::cat(flat_views);
+  GradReductionStats stats = ReduceBucket(flat, mode, tag);
+  int64_t offset = 0;
+  for (at::Tensor& g : grads) {
+    const int64_t n = g.numel();
+    g.copy_(flat.narrow(0, offset, n).view_as(g));
+    offset += n;
+  }
+  return stats;
+}
+
+void Distributed::SetParameters(std::vector<at::Tensor> params) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->params = std::move(params);
 }
 
 void Distributed::OnBeginStep(int64_t step, const std::vector<at::Tensor>& params,
                               const std::vector<std::pair<std::string, std::string>>& rng_states,
                               int64_t epoch, int64_t offset,
                               const std::vector<std::string>& sample_ids) {
+  std::vector<at::Tensor> own;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    own = impl_->params;
+  }
   uint64_t h = 0;
-  for (const at::Tensor& p : params) {
+  for (const at::Tensor& p : own.empty() ? params : own) {
     at::Tensor t = p.detach();
     if (!t.is_cpu()) t = t.cpu();
     t = t.contiguous();

@@ -173,10 +173,21 @@ class Distributed {
   void Send(std::vector<at::Tensor>& tensors, int dst, const std::string& tag);
   void Recv(std::vector<at::Tensor>& tensors, int src, const std::string& tag);
 
-  // The data-parallel gradient reduction over `params`' gradients (those defined), flattened into
-  // one all-reduce: the local norm and non-finite count before it, the global ones after it.
+  // The data-parallel gradient reduction of one flat bucket of gradients, in place: one
+  // all-reduce, with the local norm and non-finite count before it and the global ones after it
+  // (one pass over the bucket each when it is finite). A trainer that reduces its own buckets
+  // calls it once per bucket; the step's agreement row combines them (norms as the root of the sum
+  // of squares, counts added).
+  GradReductionStats ReduceBucket(at::Tensor& bucket, GradReduce mode,
+                                  const std::string& tag = "grads");
+  // ReduceBucket over `params`' gradients (those defined): one contiguous gradient in place,
+  // several flattened into one bucket and copied back.
   GradReductionStats ReduceGradients(const std::vector<at::Tensor>& params, GradReduce mode,
                                      const std::string& tag = "grads");
+  // The parameters the step fingerprint checksums at each step's start (their values then),
+  // for a trainer whose Monitor has no Model attached, or that replicates other tensors than
+  // the Model's. Without it: the Monitor's Model's parameters.
+  void SetParameters(std::vector<at::Tensor> params);
 
   // --- For the Monitor (capture/monitor.cc) ---
   // A capture the Distributed asks for: a HANG or COLLECTIVE_ERROR capsule of the current step,

@@ -26,8 +26,9 @@ namespace {
 
 // Runs `body(rank, distributed)` on `world` ranks at once, each on its own thread and Gloo group
 // with a `timeout_ms` collective timeout. A body that throws fails the test, unless `may_throw`.
+// `agree`: the EndStep trigger agreement is on.
 void OnRanks(int world, int timeout_ms, const std::function<void(int, Distributed&)>& body,
-             bool may_throw = false) {
+             bool may_throw = false, bool agree = false) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mu;
   std::vector<std::string> errors;
@@ -40,7 +41,7 @@ void OnRanks(int world, int timeout_ms, const std::function<void(int, Distribute
       d.process_group = pg;
       d.store = store;
       d.watchdog_seconds = 0;
-      d.agree_on_triggers = false;
+      d.agree_on_triggers = agree;
       auto dist = Distributed::Create(d);
       ASSERT_TRUE(dist.ok()) << dist.status();
       body(rank, **dist);
@@ -160,6 +161,44 @@ TEST_P(DistributedOpsTest, EveryOpATrainerIssuesIsInTheRingWithItsShapesAndPeer)
   }
   const v1::RunTriage t = Analyse(capsules);
   EXPECT_EQ(t.findings_size(), 0) << RenderRunAnalysisText(t);
+}
+
+TEST_P(DistributedOpsTest, PerBucketReductionsAgreeOnTheWholeStep) {
+  // A trainer that reduces its own flat buckets (one per layer here): rank `last`'s first bucket
+  // is non-finite, its second finite. The agreement row speaks for the step, not its last bucket.
+  const int world = this->world(), last = world - 1;
+  std::vector<v1::Capsule> capsules(world);
+  std::vector<GradReductionStats> second(world);
+  OnRanks(
+      world, 10000,
+      [&](int rank, Distributed& d) {
+        Mlp mlp;
+        d.SetParameters(mlp.params());  // no Model: the fingerprint checksums these
+        d.OnBeginStep(0, {}, {}, 0, 0, {});
+        mlp.Backward(rank, 0);
+        if (rank == last) mlp.w1.grad()[0][0] = NAN;
+        at::Tensor b1 = mlp.w1.grad().view({-1}), b2 = mlp.w2.grad().view({-1});
+        const at::Tensor before = b2.clone();
+        d.ReduceBucket(b1, GradReduce::kMean, "grads.layer1");
+        second[rank] = d.ReduceBucket(b2, GradReduce::kMean, "grads.layer2");
+        EXPECT_FALSE(at::equal(before, b2));  // reduced in place
+        const AgreementResult a = d.Agree(0, TriggerKind::kNone, 1);
+        EXPECT_TRUE(a.ran && a.status.ok()) << a.status;
+        capsules[rank] = CapsuleOf(d, 0, v1::MANUAL);
+      },
+      /*may_throw=*/false, /*agree=*/true);
+  for (int rank = 0; rank < world; ++rank) {
+    SCOPED_TRACE(rank);
+    const v1::Distributed& d = capsules[rank].distributed();
+    ASSERT_EQ(d.reductions_size(), 2);
+    EXPECT_EQ(second[rank].local_non_finite, 0);
+    const v1::GradReduction& r = d.reductions(1);
+    ASSERT_EQ(r.rank_local_non_finite_size(), world);
+    EXPECT_EQ(r.rank_local_non_finite(last), 1);
+    EXPECT_NE(d.fingerprints(0).params(), "0000000000000000");
+    EXPECT_EQ(d.fingerprints(0).params(), capsules[0].distributed().fingerprints(0).params());
+  }
+  EXPECT_NE(capsules[0].distributed().fingerprints(0).params(), "");
 }
 
 TEST_P(DistributedOpsTest, AnOpTheBackendLacksIsRecordedFailedWithItsErrorAndRethrown) {
