@@ -5,19 +5,23 @@
 # health around the reduction) and unarmed (the same collectives straight on the group: the
 # gradient all-reduce and one small all-reduce per step). Within one run both see the same
 # machine; step times move by up to 50% from run to run here, more than the difference measured.
-# Prints each run's ratio of medians and the median of the runs' ratios.
-#   bench/distributed_step_bench.sh build/samples/capsule-tiny-gpt [RUNS] [STEPS] [BATCH]
+# Prints each run's ratio of medians and the median of the runs' ratios. EXTRA (say
+# --reduce-per-param: one gradient all-reduce per parameter, a collective-bound step) goes to the
+# trainer as it is.
+#   bench/distributed_step_bench.sh build/samples/capsule-tiny-gpt [RUNS] [STEPS] [BATCH] [EXTRA...]
 set -euo pipefail
 trainer=$1
 runs=${2:-5}
 steps=${3:-400}
 batch=${4:-4}  # sequences of 32 tokens per rank and step
+shift $(($# < 4 ? $# : 4))
+extra=("$@")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 lines=()
 for ((i = 0; i < runs; ++i)); do
   line=$("$trainer" train --world-size 2 --steps "$steps" --batch-size "$batch" --quiet --timing \
-    --capsule-dir "$work/c$i" | grep '^rank 0: median step armed')
+    --capsule-dir "$work/c$i" "${extra[@]}" | grep '^rank 0: median step armed')
   echo "$line"
   lines+=("$(sed 's/.*: \([0-9.]*\)$/\1/' <<< "$line")")
 done

@@ -84,6 +84,15 @@ uint64_t Checksum64(const void* data, size_t size, uint64_t seed) {
   return Mix(h ^ Mix(tail ^ (size * kPrime)));
 }
 
+// Where an entry of the rings is: a collective's sequence, or a point-to-point op's count with
+// its peer.
+struct InFlight {
+  bool p2p = false;
+  std::string op;
+  int peer = -1;
+  uint64_t sequence = 0;
+};
+
 struct Distributed::Impl {
   DistributedOptions options;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
@@ -96,22 +105,30 @@ struct Distributed::Impl {
   double watchdog_seconds = 0;
   std::string dump_key;
   std::string heartbeat_prefix;
+  std::string finished_prefix;
 
   // Everything below is shared with the watchdog and the backend's threads.
   std::mutex mu;
   uint64_t next_sequence = 0;
   std::deque<v1::Collective> ring;
+  // Point-to-point ops, numbered per (peer, "send"/"recv"): this rank's n-th send to a peer is
+  // that peer's n-th receive from it.
+  std::deque<v1::Collective> p2p_ring;
+  std::map<std::pair<int, std::string>, uint64_t> p2p_next;
   std::deque<v1::GradReduction> reductions;
   std::deque<v1::StepFingerprint> fingerprints;
   v1::TriggerAgreement agreement;
   int64_t step = 0;
   bool began = false;
+  bool finished = false;  // Finish ran
+  bool failed = false;    // a collective through the wrapper failed
   uint64_t params_checksum = 0;
+  std::vector<at::Tensor> params;  // SetParameters: what the fingerprint checksums
   // The current step's reduction, for the agreement row.
   bool reduced_this_step = false;
   GradReductionStats last_reduction;
   bool in_flight = false;
-  uint64_t in_flight_sequence = 0;
+  InFlight in_flight_at;
   std::chrono::steady_clock::time_point in_flight_since;
   std::string position = "setup";
   std::chrono::steady_clock::time_point position_since = std::chrono::steady_clock::now();
@@ -136,9 +153,13 @@ struct Distributed::Impl {
     position_since = std::chrono::steady_clock::now();
   }
 
-  v1::Collective* FindLocked(uint64_t seq) {
-    for (auto it = ring.rbegin(); it != ring.rend(); ++it) {
-      if (it->sequence() == seq) return &*it;
+  v1::Collective* FindLocked(const InFlight& at) {
+    std::deque<v1::Collective>& in = at.p2p ? p2p_ring : ring;
+    for (auto it = in.rbegin(); it != in.rend(); ++it) {
+      if (it->sequence() == at.sequence &&
+          (!at.p2p || (it->peer() == at.peer && it->op() == at.op))) {
+        return &*it;
+      }
     }
     return nullptr;
   }
@@ -172,39 +193,81 @@ struct Distributed::Impl {
     }
   }
 
+  // A call through the wrapper as the ring records it. `out` empty: the output is `in`.
+  struct Call {
+    std::string op, tag;
+    const std::vector<at::Tensor>& in;
+    const std::vector<at::Tensor>& out;
+    std::string reduce_op;
+    int root = 0;
+    int peer = -1;  // >= 0: a point-to-point op with that rank
+  };
+
+  static void AddShapes(const std::vector<at::Tensor>& tensors,
+                        google::protobuf::RepeatedPtrField<v1::CollectiveShape>* shapes) {
+    for (const at::Tensor& t : tensors) {
+      v1::CollectiveShape* s = shapes->Add();
+      for (int64_t d : t.sizes()) s->add_dims(d);
+    }
+  }
+
+  // Records `call` as enqueued: in the collective ring under the next sequence number, or (a
+  // point-to-point op) in the point-to-point ring under its count with that peer and direction.
+  // Returns where the watchdog and the completion find it.
+  InFlight EnqueueLocked(const Call& call) {
+    const bool p2p = call.peer >= 0;
+    InFlight at{p2p, call.op, call.peer, 0};
+    if (p2p) {
+      at.sequence = p2p_next[{call.peer, call.op}]++;
+    } else {
+      at.sequence = next_sequence++;
+    }
+    v1::Collective rec;
+    rec.set_sequence(at.sequence);
+    rec.set_op(call.op);
+    rec.set_tag(call.tag);
+    rec.set_group(options.group_name);
+    int64_t numel = 0;
+    for (const at::Tensor& t : call.in) numel += t.numel();
+    AddShapes(call.in, rec.mutable_in_shapes());
+    AddShapes(call.out.empty() ? call.in : call.out, rec.mutable_out_shapes());
+    if (!call.in.empty()) {
+      rec.set_dtype(DTypeName(DTypeFromScalarType(call.in.front().scalar_type())));
+    }
+    rec.set_numel(numel);
+    rec.set_reduce_op(call.reduce_op);
+    rec.set_root(call.root);
+    if (p2p) rec.set_peer(call.peer);
+    rec.set_state(v1::ENQUEUED);
+    rec.set_enqueued_unix_micros(NowMicros());
+    rec.set_step(step);
+    std::deque<v1::Collective>& into = p2p ? p2p_ring : ring;
+    into.push_back(std::move(rec));
+    while (static_cast<int>(into.size()) > std::max(1, options.ring_size)) into.pop_front();
+    in_flight = true;
+    in_flight_at = at;
+    in_flight_since = std::chrono::steady_clock::now();
+    SetPositionLocked("step " + std::to_string(step) + ": in " + Where(at, call.tag));
+    return at;
+  }
+
+  // "collective allreduce grads (sequence 7)", "recv act from rank 1 (#3)"
+  static std::string Where(const InFlight& at, const std::string& tag) {
+    if (!at.p2p) {
+      return "collective " + at.op + " " + tag + " (sequence " + std::to_string(at.sequence) + ")";
+    }
+    return at.op + " " + tag + (at.op == "send" ? " to rank " : " from rank ") +
+           std::to_string(at.peer) + " (#" + std::to_string(at.sequence) + ")";
+  }
+
+  // Issues `call` through `issue`, waits for it, and records how it ended; on failure a
+  // COLLECTIVE_ERROR capsule is written before the backend's error is rethrown.
   template <typename IssueFn>
-  void Run(const std::string& op, const std::string& tag, const std::vector<at::Tensor>& in,
-           const std::string& reduce_op, int root, IssueFn issue) {
-    uint64_t seq = 0;
+  void Run(const Call& call, IssueFn issue) {
+    InFlight at;
     {
-      v1::Collective rec;
       std::lock_guard<std::mutex> lock(mu);
-      seq = next_sequence++;
-      rec.set_sequence(seq);
-      rec.set_op(op);
-      rec.set_tag(tag);
-      rec.set_group(options.group_name);
-      int64_t numel = 0;
-      for (const at::Tensor& t : in) {
-        numel += t.numel();
-        v1::CollectiveShape* s = rec.add_in_shapes();
-        for (int64_t d : t.sizes()) s->add_dims(d);
-        *rec.add_out_shapes() = *s;
-      }
-      if (!in.empty()) rec.set_dtype(DTypeName(DTypeFromScalarType(in.front().scalar_type())));
-      rec.set_numel(numel);
-      rec.set_reduce_op(reduce_op);
-      rec.set_root(root);
-      rec.set_state(v1::ENQUEUED);
-      rec.set_enqueued_unix_micros(NowMicros());
-      rec.set_step(step);
-      ring.push_back(std::move(rec));
-      while (static_cast<int>(ring.size()) > std::max(1, options.ring_size)) ring.pop_front();
-      in_flight = true;
-      in_flight_sequence = seq;
-      in_flight_since = std::chrono::steady_clock::now();
-      SetPositionLocked("step " + std::to_string(step) + ": in collective " + op + " " + tag +
-                        " (sequence " + std::to_string(seq) + ")");
+      at = EnqueueLocked(call);
     }
     try {
       c10::intrusive_ptr<c10d::Work> work = issue();
@@ -213,31 +276,32 @@ struct Distributed::Impl {
       const std::string text = ErrorText(e);
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (v1::Collective* rec = FindLocked(seq)) {
+        if (v1::Collective* rec = FindLocked(at)) {
           rec->set_state(v1::FAILED);
           rec->set_error(text);
           rec->set_completed_unix_micros(NowMicros());
         }
         in_flight = false;
+        failed = true;
       }
-      RaiseIncident(TriggerKind::kCollectiveError,
-                    "rank " + std::to_string(rank) + ": collective " + op + " " + tag +
-                        " (sequence " + std::to_string(seq) + ") failed: " + text);
+      RaiseIncident(TriggerKind::kCollectiveError, "rank " + std::to_string(rank) + ": " +
+                                                       Where(at, call.tag) + " failed: " + text);
       throw;
     }
     std::lock_guard<std::mutex> lock(mu);
-    if (v1::Collective* rec = FindLocked(seq)) {
+    if (v1::Collective* rec = FindLocked(at)) {
       rec->set_state(v1::COMPLETED);
       rec->set_completed_unix_micros(NowMicros());
     }
     in_flight = false;
-    SetPositionLocked("step " + std::to_string(step) + ": after collective " + op + " " + tag +
-                      " (sequence " + std::to_string(seq) + ")");
+    SetPositionLocked("step " + std::to_string(step) + ": after " + Where(at, call.tag));
   }
 
   void WatchdogLoop();
   void WriteHeartbeat();
   std::vector<int> MissingRanks(int64_t at_step);
+  // The other ranks the store says finished their loop, and their last step.
+  std::vector<std::pair<int, int64_t>> FinishedRanks();
 };
 
 namespace {
@@ -321,12 +385,11 @@ void Distributed::Impl::WatchdogLoop() {
       watchdog_position = "watching";
       const double waited = Seconds(std::chrono::steady_clock::now() - in_flight_since);
       if (in_flight && watchdog_seconds > 0 && waited > watchdog_seconds) {
-        const v1::Collective* rec = FindLocked(in_flight_sequence);
+        const v1::Collective* rec = FindLocked(in_flight_at);
         char secs[32];
         std::snprintf(secs, sizeof(secs), "%.1f", waited);
-        hang = "rank " + std::to_string(rank) + ": HANG at step " + std::to_string(step) +
-               ": collective " + (rec ? rec->op() + " " + rec->tag() : std::string("?")) +
-               " (sequence " + std::to_string(in_flight_sequence) + ") in flight for " + secs +
+        hang = "rank " + std::to_string(rank) + ": HANG at step " + std::to_string(step) + ": " +
+               Where(in_flight_at, rec ? rec->tag() : std::string("?")) + " in flight for " + secs +
                " s";
       }
     }
@@ -362,7 +425,52 @@ void Distributed::Impl::WatchdogLoop() {
 
 Distributed::Distributed(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+void Distributed::Finish() {
+  int64_t last;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->finished || !impl_->began || !impl_->store) {
+      impl_->finished = true;
+      return;
+    }
+    impl_->finished = true;
+    last = impl_->step;
+    impl_->SetPositionLocked("finished its training loop after step " + std::to_string(last));
+  }
+  try {
+    const std::string v = std::to_string(last);
+    impl_->store->set(impl_->finished_prefix + std::to_string(impl_->rank),
+                      std::vector<uint8_t>(v.begin(), v.end()));
+  } catch (const std::exception&) {
+    // The store's host is gone: the others cannot learn it, and nothing else is lost.
+  }
+}
+
+std::vector<std::pair<int, int64_t>> Distributed::Impl::FinishedRanks() {
+  std::vector<std::pair<int, int64_t>> out;
+  if (!store) return out;
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) continue;
+    try {
+      const std::string key = finished_prefix + std::to_string(r);
+      if (!store->check({key})) continue;
+      const std::vector<uint8_t> v = store->get(key);
+      out.emplace_back(r, std::stoll(std::string(v.begin(), v.end())));
+    } catch (const std::exception&) {
+      return out;  // the store is gone, or the value is not ours
+    }
+  }
+  return out;
+}
+
 Distributed::~Distributed() {
+  // A loop that ended by an error did not run out of data: only a clean end is announced.
+  bool failed;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    failed = impl_->failed;
+  }
+  if (!failed && std::uncaught_exceptions() == 0) Finish();
   Impl* self = impl_.get();
   g_active.compare_exchange_strong(self, nullptr);
   {
@@ -417,6 +525,7 @@ StatusOr<std::shared_ptr<Distributed>> Distributed::Create(const DistributedOpti
   }
   impl->dump_key = "capsule/" + impl->run_id + "/dump";
   impl->heartbeat_prefix = "capsule/" + impl->run_id + "/step/";
+  impl->finished_prefix = "capsule/" + impl->run_id + "/finished/";
   impl->watchdog_seconds = options.watchdog_seconds >= 0
                                ? options.watchdog_seconds
                                : std::min(300.0, std::max(0.5, options.timeout_seconds / 4));
@@ -449,62 +558,98 @@ void Distributed::SetPosition(const std::string& position) {
   impl_->SetPositionLocked(position);
 }
 
+namespace {
+
+c10d::ReduceOp ReduceOpOf(const std::string& name) {
+  if (name == "max") return c10d::ReduceOp::MAX;
+  if (name == "min") return c10d::ReduceOp::MIN;
+  if (name == "product") return c10d::ReduceOp::PRODUCT;
+  return c10d::ReduceOp::SUM;
+}
+
+const std::vector<at::Tensor> kNone;
+
+}  // namespace
+
 void Distributed::AllReduce(std::vector<at::Tensor>& tensors, const std::string& tag,
                             const std::string& reduce_op) {
   c10d::AllreduceOptions opts;
-  if (reduce_op == "max") opts.reduceOp = c10d::ReduceOp::MAX;
-  if (reduce_op == "min") opts.reduceOp = c10d::ReduceOp::MIN;
-  if (reduce_op == "product") opts.reduceOp = c10d::ReduceOp::PRODUCT;
-  impl_->Run("allreduce", tag, tensors, reduce_op, 0,
+  opts.reduceOp = ReduceOpOf(reduce_op);
+  impl_->Run({"allreduce", tag, tensors, kNone, reduce_op},
              [&] { return impl_->pg->allreduce(tensors, opts); });
 }
 
 void Distributed::Broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& tag) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  impl_->Run("broadcast", tag, tensors, "", root,
+  impl_->Run({"broadcast", tag, tensors, kNone, "", root},
              [&] { return impl_->pg->broadcast(tensors, opts); });
 }
 
-void Distributed::Barrier(const std::string& tag) {
-  impl_->Run("barrier", tag, {}, "", 0, [&] { return impl_->pg->barrier(); });
+void Distributed::AllGather(std::vector<at::Tensor>& outputs, const at::Tensor& input,
+                            const std::string& tag) {
+  std::vector<std::vector<at::Tensor>> out{outputs};
+  std::vector<at::Tensor> in{input};
+  impl_->Run({"allgather", tag, in, outputs, ""}, [&] { return impl_->pg->allgather(out, in); });
 }
 
-GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& params,
-                                                GradReduce mode, const std::string& tag) {
-  std::vector<at::Tensor> grads;
-  for (const at::Tensor& p : params) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
+void Distributed::ReduceScatter(at::Tensor& output, std::vector<at::Tensor>& inputs,
+                                const std::string& tag, const std::string& reduce_op) {
+  std::vector<at::Tensor> out{output};
+  std::vector<std::vector<at::Tensor>> in{inputs};
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = ReduceOpOf(reduce_op);
+  impl_->Run({"reduce_scatter", tag, inputs, out, reduce_op},
+             [&] { return impl_->pg->reduce_scatter(out, in, opts); });
+}
+
+void Distributed::AllToAll(at::Tensor& output, at::Tensor& input, const std::string& tag) {
+  std::vector<int64_t> equal;  // empty split sizes: equal parts along the first dimension
+  impl_->Run({"alltoall", tag, {input}, {output}, ""},
+             [&] { return impl_->pg->alltoall_base(output, input, equal, equal); });
+}
+
+void Distributed::Send(std::vector<at::Tensor>& tensors, int dst, const std::string& tag) {
+  impl_->Run({"send", tag, tensors, kNone, "", 0, dst},
+             [&] { return impl_->pg->send(tensors, dst, 0); });
+}
+
+void Distributed::Recv(std::vector<at::Tensor>& tensors, int src, const std::string& tag) {
+  impl_->Run({"recv", tag, tensors, kNone, "", 0, src},
+             [&] { return impl_->pg->recv(tensors, src, 0); });
+}
+
+void Distributed::Barrier(const std::string& tag) {
+  impl_->Run({"barrier", tag, kNone, kNone, ""}, [&] { return impl_->pg->barrier(); });
+}
+
+namespace {
+
+// The L2 norm and the non-finite count of `t`, from one fused pass (instrument/health_stats.h).
+void Health(const at::Tensor& t, double* norm, int64_t* non_finite) {
+  StatusOr<HealthStats> h = ComputeHealthStats(t);
+  if (!h.ok()) return;
+  *non_finite = h->nan_count + h->pos_inf_count + h->neg_inf_count;
+  // rms is over the finite elements: the norm of the whole tensor is non-finite when any is.
+  *norm = *non_finite > 0 ? NAN : h->rms * std::sqrt(static_cast<double>(h->numel));
+}
+
+}  // namespace
+
+GradReductionStats Distributed::ReduceBucket(at::Tensor& bucket, GradReduce mode,
+                                             const std::string& tag) {
   GradReductionStats stats;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     stats.step = impl_->step;
     stats.sequence = impl_->next_sequence;
   }
-  std::vector<at::Tensor> flat_views;
-  flat_views.reserve(grads.size());
-  for (const at::Tensor& g : grads) flat_views.push_back(g.reshape({-1}));
-  at::Tensor flat = flat_views.empty() ? at::zeros({0}) : at::cat(flat_views);
-  auto health = [](const at::Tensor& t, double* norm, int64_t* non_finite) {
-    StatusOr<HealthStats> h = ComputeHealthStats(t);
-    if (!h.ok()) return;
-    *non_finite = h->nan_count + h->pos_inf_count + h->neg_inf_count;
-    // rms is over the finite elements: the norm of the whole tensor is non-finite when any is.
-    *norm = *non_finite > 0 ? NAN : h->rms * std::sqrt(static_cast<double>(h->numel));
-  };
-  health(flat, &stats.local_norm, &stats.local_non_finite);
-  std::vector<at::Tensor> buffers{flat};
+  Health(bucket, &stats.local_norm, &stats.local_non_finite);
+  std::vector<at::Tensor> buffers{bucket};
   AllReduce(buffers, tag, "sum");
   stats.divisor = mode == GradReduce::kMean ? impl_->world : 1;
-  if (stats.divisor != 1) flat.div_(stats.divisor);
-  health(flat, &stats.global_norm, &stats.global_non_finite);
-  int64_t offset = 0;
-  for (at::Tensor& g : grads) {
-    const int64_t n = g.numel();
-    g.copy_(flat.narrow(0, offset, n).view_as(g));
-    offset += n;
-  }
+  if (stats.divisor != 1) bucket.div_(stats.divisor);
+  Health(bucket, &stats.global_norm, &stats.global_non_finite);
   v1::GradReduction rec;
   rec.set_step(stats.step);
   rec.set_sequence(stats.sequence);
@@ -515,18 +660,63 @@ GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& p
   rec.set_divisor(stats.divisor);
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->reductions.push_back(std::move(rec));
-  while (impl_->reductions.size() > 64) impl_->reductions.pop_front();
+  while (impl_->reductions.size() > 256) impl_->reductions.pop_front();
+  // The agreement row speaks for the whole step: the buckets' norms combine as the root of the
+  // sum of squares, their non-finite counts add (as triage combines the records).
+  GradReductionStats& step = impl_->last_reduction;
+  if (!impl_->reduced_this_step) {
+    step = stats;
+  } else {
+    step.local_norm = std::hypot(step.local_norm, stats.local_norm);
+    step.global_norm = std::hypot(step.global_norm, stats.global_norm);
+    step.local_non_finite += stats.local_non_finite;
+    step.global_non_finite += stats.global_non_finite;
+  }
   impl_->reduced_this_step = true;
-  impl_->last_reduction = stats;
   return stats;
+}
+
+GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& params,
+                                                GradReduce mode, const std::string& tag) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  // One contiguous gradient is its own bucket; several are flattened into one and copied back.
+  if (grads.size() == 1 && grads[0].is_contiguous()) {
+    at::Tensor flat = grads[0].view({-1});
+    return ReduceBucket(flat, mode, tag);
+  }
+  std::vector<at::Tensor> flat_views;
+  flat_views.reserve(grads.size());
+  for (const at::Tensor& g : grads) flat_views.push_back(g.reshape({-1}));
+  at::Tensor flat = flat_views.empty() ? at::zeros({0}) : at::cat(flat_views);
+  GradReductionStats stats = ReduceBucket(flat, mode, tag);
+  int64_t offset = 0;
+  for (at::Tensor& g : grads) {
+    const int64_t n = g.numel();
+    g.copy_(flat.narrow(0, offset, n).view_as(g));
+    offset += n;
+  }
+  return stats;
+}
+
+void Distributed::SetParameters(std::vector<at::Tensor> params) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->params = std::move(params);
 }
 
 void Distributed::OnBeginStep(int64_t step, const std::vector<at::Tensor>& params,
                               const std::vector<std::pair<std::string, std::string>>& rng_states,
                               int64_t epoch, int64_t offset,
                               const std::vector<std::string>& sample_ids) {
+  std::vector<at::Tensor> own;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    own = impl_->params;
+  }
   uint64_t h = 0;
-  for (const at::Tensor& p : params) {
+  for (const at::Tensor& p : own.empty() ? params : own) {
     at::Tensor t = p.detach();
     if (!t.is_cpu()) t = t.cpu();
     t = t.contiguous();
@@ -664,13 +854,20 @@ AgreementResult Distributed::Agree(int64_t step, TriggerKind local, int loss_ran
 }
 
 void Distributed::FillSection(v1::Capsule* capsule) {
+  const std::vector<std::pair<int, int64_t>> finished = impl_->FinishedRanks();  // not under `mu`
   std::lock_guard<std::mutex> lock(impl_->mu);
   v1::Distributed& d = *capsule->mutable_distributed();
+  for (const auto& [r, last] : finished) {
+    v1::FinishedRank& f = *d.add_finished();
+    f.set_rank(r);
+    f.set_last_step(std::max<int64_t>(0, last));
+  }
   d.set_run_id(impl_->run_id);
   d.set_backend(impl_->backend);
   d.set_group_name(impl_->options.group_name);
   d.set_sequence_base(impl_->sequence_base);
   for (const v1::Collective& c : impl_->ring) *d.add_collectives() = c;
+  for (const v1::Collective& c : impl_->p2p_ring) *d.add_point_to_point() = c;
   for (const v1::GradReduction& r : impl_->reductions) *d.add_reductions() = r;
   for (const v1::StepFingerprint& f : impl_->fingerprints) *d.add_fingerprints() = f;
   *d.mutable_agreement() = impl_->agreement;

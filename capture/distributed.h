@@ -5,7 +5,8 @@
 // collectives through it, and attaches it to the Monitor. Then each rank's capsule carries:
 //   - its placement and the run id every rank shares (rank 0 draws it; the store carries it);
 //   - a ring of its last collectives (sequence number, op, tag, dtype, counts, shapes, state and
-//     times), as PyTorch's Flight Recorder keeps them;
+//     times), as PyTorch's Flight Recorder keeps them, and one of its point-to-point ops (the
+//     same, with the peer);
 //   - gradient health before and after the data-parallel reduction (ReduceGradients);
 //   - a ring of per-step fingerprints (a checksum of the parameters at the step's start, of the
 //     replicated and the rank-local RNG states, the cursor and the sample ids).
@@ -35,9 +36,11 @@
 //     optimizer.step();
 //   }
 //
-// Collectives through the wrapper are synchronous (they return when complete) and are numbered
-// from 0 in the order this rank issues them; every rank must issue the same ones, which is what
-// triage checks. Nothing here stops training: capsule writes and store traffic are fenced, and the
+// Collectives through the wrapper (all-reduce, broadcast, all-gather, reduce-scatter, all-to-all,
+// barrier; send and receive) are synchronous (they return when complete) and are numbered from 0
+// in the order this rank issues them; every rank must issue the same ones, which is what triage
+// checks. A collective issued on the group directly is not recorded: triage cannot see a rank
+// waiting in it. Nothing here stops training: capsule writes and store traffic are fenced, and the
 // error of a failed collective reaches the trainer unchanged after the capsule is written.
 //
 // Thread safety: collectives, ReduceGradients and the Monitor hooks are called from the training
@@ -138,6 +141,13 @@ class Distributed {
   Distributed(const Distributed&) = delete;
   Distributed& operator=(const Distributed&) = delete;
 
+  // This rank's training loop ended (its data ran out, or its step count was reached): the store
+  // tells the other ranks, whose capsules then record the last step it began, so that triage
+  // tells a rank that ran out of data early from one that hangs. The destructor calls it, unless a
+  // collective failed or an exception is unwinding the stack; call it yourself when the
+  // Distributed outlives the loop. Fenced: never throws.
+  void Finish();
+
   int rank() const;
   int world_size() const;
   const std::string& run_id() const;
@@ -149,12 +159,35 @@ class Distributed {
   void AllReduce(std::vector<at::Tensor>& tensors, const std::string& tag,
                  const std::string& reduce_op = "sum");
   void Broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& tag);
+  // `outputs` holds one tensor per rank, each shaped like `input`.
+  void AllGather(std::vector<at::Tensor>& outputs, const at::Tensor& input, const std::string& tag);
+  // `inputs` holds one tensor per rank, each shaped like `output`.
+  void ReduceScatter(at::Tensor& output, std::vector<at::Tensor>& inputs, const std::string& tag,
+                     const std::string& reduce_op = "sum");
+  // Equal parts of `input` along its first dimension to every rank, into `output`.
+  void AllToAll(at::Tensor& output, at::Tensor& input, const std::string& tag);
   void Barrier(const std::string& tag);
+  // Point-to-point: recorded in their own ring (Distributed.point_to_point), numbered per peer
+  // and direction (this rank's n-th Send to a peer is that peer's n-th Recv from it), so that
+  // they never shift the collectives' sequence numbers, which every rank shares.
+  void Send(std::vector<at::Tensor>& tensors, int dst, const std::string& tag);
+  void Recv(std::vector<at::Tensor>& tensors, int src, const std::string& tag);
 
-  // The data-parallel gradient reduction over `params`' gradients (those defined), flattened into
-  // one all-reduce: the local norm and non-finite count before it, the global ones after it.
+  // The data-parallel gradient reduction of one flat bucket of gradients, in place: one
+  // all-reduce, with the local norm and non-finite count before it and the global ones after it
+  // (one pass over the bucket each when it is finite). A trainer that reduces its own buckets
+  // calls it once per bucket; the step's agreement row combines them (norms as the root of the sum
+  // of squares, counts added).
+  GradReductionStats ReduceBucket(at::Tensor& bucket, GradReduce mode,
+                                  const std::string& tag = "grads");
+  // ReduceBucket over `params`' gradients (those defined): one contiguous gradient in place,
+  // several flattened into one bucket and copied back.
   GradReductionStats ReduceGradients(const std::vector<at::Tensor>& params, GradReduce mode,
                                      const std::string& tag = "grads");
+  // The parameters the step fingerprint checksums at each step's start (their values then),
+  // for a trainer whose Monitor has no Model attached, or that replicates other tensors than
+  // the Model's. Without it: the Monitor's Model's parameters.
+  void SetParameters(std::vector<at::Tensor> params);
 
   // --- For the Monitor (capture/monitor.cc) ---
   // A capture the Distributed asks for: a HANG or COLLECTIVE_ERROR capsule of the current step,

@@ -8,7 +8,7 @@
 #include "capsule/cli/common.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/triage.pb.h"
-#include "capsule/report/run_triage.h"
+#include "capsule/ranks/run_analysis.h"
 
 namespace capsule::cli {
 
@@ -51,7 +51,7 @@ int RunTriageCommand(const TriageCliOptions& o) {
   // trusted) is listed with the reason and never used, and the others are still read. Each whose
   // signature could be judged gets its trust line. Only what the analysis reads of each is kept,
   // so the folder costs about one capsule of memory, not all of them.
-  RunTriageInput input;
+  RunAnalysisInput input;
   std::vector<v1::InputTrust> trust;
   bool refused = false;
   for (const auto& path : files) {
@@ -68,12 +68,12 @@ int RunTriageCommand(const TriageCliOptions& o) {
     }
     input.Add(path.string(), *c->decoded.capsule);
   }
-  RunTriageOptions options;
+  RunAnalysisOptions options;
   options.run_id = o.run_id;
   options.dir = o.dir;
-  const std::unique_ptr<v1::RunTriage> triage = TriageRun(input, options);
+  const std::unique_ptr<v1::RunTriage> triage = AnalyseRun(input, options);
   for (v1::InputTrust& t : trust) *triage->add_trust() = std::move(t);
-  std::cout << (o.json ? RenderRunTriageJson(*triage) : RenderRunTriageText(*triage));
+  std::cout << (o.json ? RenderRunAnalysisJson(*triage) : RenderRunAnalysisText(*triage));
   // What was found rests on the capsules used; one the keys do not vouch for was left out, and
   // the user must know before acting on the rest (a rank's capsule forged, say).
   if (refused) {

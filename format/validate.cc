@@ -408,12 +408,7 @@ Status ValidateDistributed(const v1::Capsule& c) {
     return Invalid("distributed", "watchdog_seconds and timeout_seconds must be finite and >= 0");
   }
   auto rank_ok = [world](int64_t r) { return r >= 0 && (world <= 0 || r < world); };
-  for (int i = 0; i < d.collectives_size(); ++i) {
-    const v1::Collective& k = d.collectives(i);
-    const std::string where = "distributed.collectives[" + std::to_string(i) + "]";
-    if (i > 0 && k.sequence() <= d.collectives(i - 1).sequence()) {
-      return Invalid(where, "sequence numbers must increase");
-    }
+  auto entry_ok = [&](const v1::Collective& k, const std::string& where) -> Status {
     if (k.op().empty()) return Invalid(where, "op must be set");
     if (k.state() == v1::COLLECTIVE_STATE_UNSPECIFIED) return Invalid(where, "state must be set");
     if (k.numel() < 0 || k.step() < 0) return Invalid(where, "numel and step must be >= 0");
@@ -426,6 +421,26 @@ Status ValidateDistributed(const v1::Capsule& c) {
           if (dim < 0) return Invalid(where, "negative dimension in a shape");
         }
       }
+    }
+    return Status::Ok();
+  };
+  for (int i = 0; i < d.collectives_size(); ++i) {
+    const v1::Collective& k = d.collectives(i);
+    const std::string where = "distributed.collectives[" + std::to_string(i) + "]";
+    if (i > 0 && k.sequence() <= d.collectives(i - 1).sequence()) {
+      return Invalid(where, "sequence numbers must increase");
+    }
+    if (Status st = entry_ok(k, where); !st.ok()) return st;
+  }
+  for (int i = 0; i < d.point_to_point_size(); ++i) {
+    const v1::Collective& k = d.point_to_point(i);
+    const std::string where = "distributed.point_to_point[" + std::to_string(i) + "]";
+    if (!rank_ok(k.peer())) return Invalid(where, "peer must be in [0, world_size)");
+    if (Status st = entry_ok(k, where); !st.ok()) return st;
+  }
+  for (const v1::FinishedRank& f : d.finished()) {
+    if (!rank_ok(f.rank()) || f.last_step() < 0) {
+      return Invalid("distributed.finished", "rank must be in [0, world_size), last_step >= 0");
     }
   }
   for (int i = 0; i < d.reductions_size(); ++i) {

@@ -10,9 +10,9 @@
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
 #include "capsule/base/strings.h"
+#include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/report.pb.h"
-#include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
 
 namespace capsule {
@@ -310,7 +310,7 @@ std::string RenderDiffJson(const std::vector<CapsuleDifference>& diff, const v1:
     d.set_b(r.b);
     d.set_note(r.note);
   }
-  return internal::PrintJson(json);
+  return MessageToJson(json) + "\n";
 }
 
 }  // namespace capsule

@@ -11,12 +11,13 @@
 
 #include "capsule/base/printable.h"
 #include "capsule/base/sha256.h"
+#include "capsule/base/shell.h"
 #include "capsule/base/strings.h"
 #include "capsule/format/derivation.h"
+#include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/proto/report.pb.h"
-#include "capsule/report/internal/json.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/replay_text.h"
 #include "capsule/report/replay_tool.h"
@@ -25,7 +26,6 @@ namespace capsule {
 namespace {
 
 using internal::BaseName;
-using internal::ShellQuote;
 
 std::string PhaseName(v1::Phase p) {
   switch (p) {
@@ -484,7 +484,7 @@ void FillCommands(const v1::Capsule& c, const EnvelopeInfo& envelope, ReportMode
 }  // namespace
 
 std::string ReplayReportToJson(const v1::ReplayReport& report) {
-  return internal::PrintJson(report);
+  return MessageToJson(report) + "\n";
 }
 
 StatusOr<std::unique_ptr<v1::ReplayReport>> ParseReplayReportJson(std::string_view json) {

@@ -1,8 +1,8 @@
 // RenderJson: the report's facts as a capsule.v1.CapsuleReport (proto/report.proto), printed with
 // protobuf's JSON mapping.
 
+#include "capsule/format/json.h"
 #include "capsule/proto/report.pb.h"
-#include "capsule/report/internal/json.h"
 #include "capsule/report/report.h"
 
 namespace capsule {
@@ -171,7 +171,7 @@ std::string RenderJson(const ReportModel& m) {
 
   j.mutable_commands()->set_verify(m.verify_command);
   j.mutable_commands()->set_replay(m.replay_command);
-  return internal::PrintJson(j);
+  return MessageToJson(j) + "\n";
 }
 
 }  // namespace capsule

@@ -30,6 +30,7 @@ if echo "$headers" | grep -q '/internal/'; then
   fail=1
 fi
 for h in capsule/base/status.h capsule/format/capsule_reader.h capsule/report/report.h \
+  capsule/ranks/run_analysis.h \
   capsule/proto/capsule.pb.h; do
   [ -f "$prefix/include/$h" ] || { echo "ci-install: $h is not installed" >&2; fail=1; }
 done

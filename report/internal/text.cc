@@ -7,17 +7,6 @@
 
 namespace capsule::internal {
 
-std::string ShellQuote(const std::string& s) {
-  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) {
-    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' ||
-           ch == '+' || ch == '/';
-  });
-  if (plain) return s;
-  std::string out = "'";
-  for (const char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
-
 std::string HtmlEscape(std::string_view text) {
   const std::string s = Printable(text, LineBreaks::kKeep);
   std::string out;

@@ -2,7 +2,7 @@
 //
 // Every string a renderer takes from a capsule is untrusted input, so each output format has one
 // escape function here and the renderers call it on every such string (JSON is escaped by
-// protobuf's JSON mapping, internal/json.h).
+// the project's JSON printer, format/json.h; a shell word by ShellQuote, base/shell.h).
 //
 // Thread safety: pure functions; thread-safe.
 #ifndef CAPSULE_REPORT_INTERNAL_TEXT_H_
@@ -23,9 +23,6 @@ std::string HtmlEscape(std::string_view s);
 // "https:&#8203;//" and "www." becomes "www&#8203;." (a zero-width space breaks the pattern and
 // shows nothing).
 std::string MarkdownEscape(std::string_view s);
-// `s` as one shell word: as it is when it holds only letters, digits and "._-+/", else in single
-// quotes. The commands a report suggests are meant to be pasted into a shell.
-std::string ShellQuote(const std::string& s);
 // The part after the last '/'.
 std::string BaseName(std::string_view path);
 

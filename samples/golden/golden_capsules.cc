@@ -62,7 +62,20 @@ void FillDistributed(v1::Distributed* dist, int64_t time_base) {
     k->set_completed_unix_micros(time_base + 100 + i);
     k->set_error(i == 0 ? "" : "Connection closed by peer");
     k->set_step(7);
+    k->set_peer(1);  // every field set, as root is: a real collective leaves both 0
   }
+  {
+    v1::Collective* p = dist->add_point_to_point();
+    *p = dist->collectives(1);
+    p->set_sequence(3);
+    p->set_op("recv");
+    p->set_tag("act");
+    p->set_root(1);
+    p->set_peer(1);
+  }
+  v1::FinishedRank* finished = dist->add_finished();
+  finished->set_rank(1);
+  finished->set_last_step(6);
   v1::GradReduction* reduction = dist->add_reductions();
   reduction->set_step(7);
   reduction->set_sequence(40);

@@ -163,7 +163,17 @@ int RunRank(const DistributedTrainOptions& o, int rank, const std::string& store
         if (o.fault == "count-mismatch" && faulty && step >= o.fault_step) reduce.pop_back();
         const GradReduce mode =
             o.fault == "no-average" && step >= o.fault_step ? GradReduce::kSum : GradReduce::kMean;
-        if (armed) {
+        if (o.reduce_per_param) {
+          for (const at::Tensor& p : reduce) {
+            if (armed) {
+              dist->ReduceGradients({p}, mode);
+            } else {
+              std::vector<at::Tensor> one{p.grad()};
+              all_reduce(one, "grads", armed);
+              if (mode == GradReduce::kMean) one[0].div_(world);
+            }
+          }
+        } else if (armed) {
           dist->ReduceGradients(reduce, mode);
         } else {
           std::vector<at::Tensor> grads;
@@ -188,7 +198,7 @@ int RunRank(const DistributedTrainOptions& o, int rank, const std::string& store
         if (step == o.capture_at_step) {
           monitor->CaptureNow("--capture-at-step " + std::to_string(step));
         }
-      } else {
+      } else if (!o.baseline_without_agreement) {
         // The baseline's stand-in for the agreement: the same one small all-reduce.
         std::vector<at::Tensor> flag{at::zeros({world, 6}, at::kDouble)};
         all_reduce(flag, "agree", armed);

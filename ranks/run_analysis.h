@@ -1,4 +1,5 @@
-// Triage of a data-parallel run: every rank writes its own capsule, and TriageRun reads them
+// The cross-rank analysis of a data-parallel run: every rank writes its own capsule, and
+// AnalyseRun reads them
 // together to say which rank went bad first and why the run stopped. It aligns the ranks'
 // collective rings by sequence number (a skipped or mismatched collective, a rank that never
 // issued one, a dead peer), finds the first step whose pre-reduction gradients were non-finite on
@@ -9,10 +10,13 @@
 // whose capsule is missing is reported as undecided ("cannot decide: no capsule from rank 3"),
 // never guessed.
 //
-//   capsule::RunTriageInput input;
+//   capsule::RunAnalysisInput input;
 //   for (...) input.Add(path, capsule);   // each read by DecodeCapsule, verified; then dropped
-//   std::unique_ptr<v1::RunTriage> t = capsule::TriageRun(input, options);
-//   std::cout << capsule::RenderRunTriageText(*t);
+//   std::unique_ptr<v1::RunTriage> t = capsule::AnalyseRun(input, options);
+//   std::cout << capsule::RenderRunAnalysisText(*t);
+//
+// The result keeps its wire name, capsule.v1.RunTriage (proto/triage.proto), and the command
+// line keeps its verb, `capsule triage DIR`: files and scripts written against either still read.
 //
 // The analysis reads only the decoded messages: it needs neither LibTorch nor the files. Every
 // string it copies from a capsule or a path into the result is escaped and cut (PrintableShort,
@@ -21,10 +25,10 @@
 // the ranks present cost (the missing ones are ranges), and sequence numbers far apart cost what
 // the entries present cost.
 //
-// Thread safety: TriageRun and the renderers are pure functions; a RunTriageInput is used from one
-// thread at a time.
-#ifndef CAPSULE_REPORT_RUN_TRIAGE_H_
-#define CAPSULE_REPORT_RUN_TRIAGE_H_
+// Thread safety: AnalyseRun and the renderers are pure functions; a RunAnalysisInput is used from
+// one thread at a time.
+#ifndef CAPSULE_RANKS_RUN_ANALYSIS_H_
+#define CAPSULE_RANKS_RUN_ANALYSIS_H_
 
 #include <memory>
 #include <string>
@@ -37,8 +41,8 @@ namespace v1 {
 class RunTriage;
 }  // namespace v1
 
-struct RunTriageOptions {
-  // The run to triage (Distributed.run_id). Empty: the only run among the capsules; with several,
+struct RunAnalysisOptions {
+  // The run to analyse (Distributed.run_id). Empty: the only run among the capsules; with several,
   // the result is TRIAGE_SEVERAL_RUNS and lists them.
   std::string run_id;
   std::string dir;  // the folder the capsules came from, as the result names it
@@ -47,12 +51,12 @@ struct RunTriageOptions {
 // The capsules of one folder, given one at a time. Add keeps only what the analysis reads of a
 // capsule (its placement, step, trigger kind, objective and distributed section: a few kB, never
 // its tensors), so a caller can read, add and drop each capsule in turn and hold one at a time.
-class RunTriageInput {
+class RunAnalysisInput {
  public:
-  RunTriageInput();
-  ~RunTriageInput();
-  RunTriageInput(const RunTriageInput&) = delete;
-  RunTriageInput& operator=(const RunTriageInput&) = delete;
+  RunAnalysisInput();
+  ~RunAnalysisInput();
+  RunAnalysisInput(const RunAnalysisInput&) = delete;
+  RunAnalysisInput& operator=(const RunAnalysisInput&) = delete;
 
   // A capsule read through the verifying reader (never one that failed it); `capsule` may be
   // destroyed as soon as this returns.
@@ -61,8 +65,8 @@ class RunTriageInput {
   void AddUnreadable(const std::string& path, const std::string& reason);
 
  private:
-  friend std::unique_ptr<v1::RunTriage> TriageRun(const RunTriageInput& input,
-                                                  const RunTriageOptions& options);
+  friend std::unique_ptr<v1::RunTriage> AnalyseRun(const RunAnalysisInput& input,
+                                                   const RunAnalysisOptions& options);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -73,15 +77,15 @@ inline constexpr double kReductionNormSlack = 1e-4;
 
 // A capsule.v1.RunTriage (proto/triage.proto): outcome, per-rank evidence, findings in the order
 // completeness, gradients, hang, desync, scaling, the undecided checks and the next command.
-std::unique_ptr<v1::RunTriage> TriageRun(const RunTriageInput& input,
-                                         const RunTriageOptions& options);
+std::unique_ptr<v1::RunTriage> AnalyseRun(const RunAnalysisInput& input,
+                                          const RunAnalysisOptions& options);
 
 // For a terminal: the run line, the evidence table (one row per rank), findings, undecided checks
 // and the next command.
-std::string RenderRunTriageText(const v1::RunTriage& triage);
-// One line of protobuf's JSON mapping (report/internal/json.h).
-std::string RenderRunTriageJson(const v1::RunTriage& triage);
+std::string RenderRunAnalysisText(const v1::RunTriage& triage);
+// One line of the project's JSON printer (format/json.h), with a trailing newline.
+std::string RenderRunAnalysisJson(const v1::RunTriage& triage);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_REPORT_RUN_TRIAGE_H_
+#endif  // CAPSULE_RANKS_RUN_ANALYSIS_H_

@@ -1,7 +1,7 @@
-// TriageRun over synthetic data-parallel runs: one signed capsule per rank, one fault per test,
+// AnalyseRun over synthetic data-parallel runs: one signed capsule per rank, one fault per test,
 // each for 2, 3 and 4 ranks. Each case is checked twice: the analysis on the decoded messages, and
 // `capsule triage` on the files it wrote (exit status, and the text names the rank and the cause).
-#include "capsule/report/run_triage.h"
+#include "capsule/ranks/run_analysis.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -148,7 +148,7 @@ CommandResult RunCli(const std::string& args) {
   return r;
 }
 
-class RunTriageTest : public ::testing::TestWithParam<int> {
+class RunAnalysisTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/capsule-run-triage-XXXXXX";
@@ -182,13 +182,13 @@ class RunTriageTest : public ::testing::TestWithParam<int> {
   v1::RunTriage Analyse(const std::vector<v1::Capsule>& run,
                         const std::vector<std::pair<std::string, std::string>>& unreadable = {},
                         const std::string& run_id = "") {
-    RunTriageInput input;
+    RunAnalysisInput input;
     for (const v1::Capsule& c : run) input.Add(dir_ + "/" + FileName(c), c);
     for (const auto& [path, reason] : unreadable) input.AddUnreadable(path, reason);
-    RunTriageOptions options;
+    RunAnalysisOptions options;
     options.dir = dir_;
     options.run_id = run_id;
-    return *TriageRun(input, options);
+    return *AnalyseRun(input, options);
   }
 
   // `capsule triage` on the folder, trusting the test key.
@@ -202,8 +202,8 @@ class RunTriageTest : public ::testing::TestWithParam<int> {
 
   // The one finding of `t`, which must have check `check`.
   static const v1::TriageFinding& Only(const v1::RunTriage& t, const std::string& check) {
-    EXPECT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
-    EXPECT_EQ(t.findings(0).check(), check) << RenderRunTriageText(t);
+    EXPECT_EQ(t.findings_size(), 1) << RenderRunAnalysisText(t);
+    EXPECT_EQ(t.findings(0).check(), check) << RenderRunAnalysisText(t);
     return t.findings(0);
   }
 
@@ -212,13 +212,13 @@ class RunTriageTest : public ::testing::TestWithParam<int> {
   std::string pubkey_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Ranks, RunTriageTest, ::testing::Values(2, 3, 4),
+INSTANTIATE_TEST_SUITE_P(Ranks, RunAnalysisTest, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
-TEST_P(RunTriageTest, CleanRunHasNoFindingAndExitsZero) {
+TEST_P(RunAnalysisTest, CleanRunHasNoFindingAndExitsZero) {
   std::vector<v1::Capsule> run = CleanRun(world());
   const v1::RunTriage t = Analyse(run);
-  EXPECT_EQ(t.outcome(), v1::TRIAGE_NO_FINDING) << RenderRunTriageText(t);
+  EXPECT_EQ(t.outcome(), v1::TRIAGE_NO_FINDING) << RenderRunAnalysisText(t);
   EXPECT_EQ(t.findings_size(), 0);
   EXPECT_EQ(t.undecided_size(), 0);
   EXPECT_EQ(t.world_size(), world());
@@ -234,7 +234,7 @@ TEST_P(RunTriageTest, CleanRunHasNoFindingAndExitsZero) {
   EXPECT_NE(r.output.find("no finding"), std::string::npos) << r.output;
 }
 
-TEST_P(RunTriageTest, OneRanksNonFiniteGradientsNameThatRank) {
+TEST_P(RunAnalysisTest, OneRanksNonFiniteGradientsNameThatRank) {
   std::vector<v1::Capsule> run = CleanRun(world());
   SetLocal(run, last(), 2, std::nan(""), 7);
   SetGlobal(run, 2, std::nan(""), 1024);  // the reduction spreads it to every rank
@@ -260,13 +260,13 @@ TEST_P(RunTriageTest, OneRanksNonFiniteGradientsNameThatRank) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, OneCapsuleSpeaksForARankThatWroteNone) {
+TEST_P(RunAnalysisTest, OneCapsuleSpeaksForARankThatWroteNone) {
   // Rank `last` went bad and wrote nothing; the others' shared vectors still name it.
   std::vector<v1::Capsule> run = CleanRun(world());
   SetLocal(run, last(), 1, INFINITY, 3);
   run.pop_back();
   const v1::RunTriage t = Analyse(run);
-  ASSERT_GE(t.findings_size(), 1) << RenderRunTriageText(t);
+  ASSERT_GE(t.findings_size(), 1) << RenderRunAnalysisText(t);
   EXPECT_EQ(t.findings(0).check(), "gradients.first_bad_rank");
   EXPECT_EQ(Ranks(t.findings(0)), std::vector<int>{last()});
   EXPECT_EQ(t.findings(0).step(), 1);
@@ -276,7 +276,7 @@ TEST_P(RunTriageTest, OneCapsuleSpeaksForARankThatWroteNone) {
   EXPECT_EQ(t.missing_count(), 1);
 }
 
-TEST_P(RunTriageTest, NonFiniteOnEveryRankIsAReplicatedBug) {
+TEST_P(RunAnalysisTest, NonFiniteOnEveryRankIsAReplicatedBug) {
   std::vector<v1::Capsule> run = CleanRun(world());
   for (int r = 0; r < world(); ++r) SetLocal(run, r, 1, std::nan(""), 2);
   SetGlobal(run, 1, std::nan(""), 8);
@@ -291,7 +291,7 @@ TEST_P(RunTriageTest, NonFiniteOnEveryRankIsAReplicatedBug) {
   EXPECT_NE(r.output.find("replicated bug"), std::string::npos) << r.output;
 }
 
-TEST_P(RunTriageTest, NonFiniteOnlyAfterTheReductionBlamesTheReduction) {
+TEST_P(RunAnalysisTest, NonFiniteOnlyAfterTheReductionBlamesTheReduction) {
   std::vector<v1::Capsule> run = CleanRun(world());
   SetGlobal(run, 2, INFINITY, 5);
   const v1::RunTriage t = Analyse(run);
@@ -306,7 +306,7 @@ TEST_P(RunTriageTest, NonFiniteOnlyAfterTheReductionBlamesTheReduction) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, ARankThatSkippedACollectiveIsNamed) {
+TEST_P(RunAnalysisTest, ARankThatSkippedACollectiveIsNamed) {
   // Rank 1 never issued step 2's "grads" (sequence 4): its sequence 4 is the others' 5.
   std::vector<v1::Capsule> run = CleanRun(world());
   v1::Distributed& d = *run[1].mutable_distributed();
@@ -327,7 +327,7 @@ TEST_P(RunTriageTest, ARankThatSkippedACollectiveIsNamed) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, ACountMismatchNamesTheRankAndTheAttribute) {
+TEST_P(RunAnalysisTest, ACountMismatchNamesTheRankAndTheAttribute) {
   std::vector<v1::Capsule> run = CleanRun(world());
   v1::Collective& k = *run[last()].mutable_distributed()->mutable_collectives(4);
   k.set_numel(1000);
@@ -357,7 +357,7 @@ TEST_P(RunTriageTest, ACountMismatchNamesTheRankAndTheAttribute) {
   }
 }
 
-TEST_P(RunTriageTest, ATieNothingBreaksSaysEitherSideMayBeTheOddOne) {
+TEST_P(RunAnalysisTest, ATieNothingBreaksSaysEitherSideMayBeTheOddOne) {
   // Half the ranks call the first collective with another count: no majority and no history.
   std::vector<v1::Capsule> run = CleanRun(world());
   for (int rank = world() / 2; rank < world(); ++rank) {
@@ -367,7 +367,7 @@ TEST_P(RunTriageTest, ATieNothingBreaksSaysEitherSideMayBeTheOddOne) {
     k.mutable_out_shapes(0)->set_dims(0, 1000);
   }
   const v1::RunTriage t = Analyse(run);
-  ASSERT_GE(t.findings_size(), 1) << RenderRunTriageText(t);
+  ASSERT_GE(t.findings_size(), 1) << RenderRunAnalysisText(t);
   const v1::TriageFinding& f = t.findings(0);
   EXPECT_EQ(f.check(), "hang.mismatch");
   EXPECT_EQ(f.sequence(), 0u);
@@ -376,7 +376,7 @@ TEST_P(RunTriageTest, ATieNothingBreaksSaysEitherSideMayBeTheOddOne) {
       << f.detail();
 }
 
-TEST_P(RunTriageTest, ParametersThatDifferNameTheOddReplica) {
+TEST_P(RunAnalysisTest, ParametersThatDifferNameTheOddReplica) {
   std::vector<v1::Capsule> run = CleanRun(world());
   for (auto& f : *run[last()].mutable_distributed()->mutable_fingerprints()) {
     f.set_params(Hex16(0xbad000 + f.step()));
@@ -395,7 +395,7 @@ TEST_P(RunTriageTest, ParametersThatDifferNameTheOddReplica) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, LocalRngSeededAlikeAndReplicatedRngThatDiffersAreFindings) {
+TEST_P(RunAnalysisTest, LocalRngSeededAlikeAndReplicatedRngThatDiffersAreFindings) {
   std::vector<v1::Capsule> run = CleanRun(world());
   for (v1::Capsule& c : run) {
     for (auto& f : *c.mutable_distributed()->mutable_fingerprints()) f.set_local_rng(Hex16(42));
@@ -403,7 +403,7 @@ TEST_P(RunTriageTest, LocalRngSeededAlikeAndReplicatedRngThatDiffersAreFindings)
   v1::Capsule& odd = run[last()];
   odd.mutable_distributed()->mutable_fingerprints(3)->set_replicated_rng(Hex16(7));
   const v1::RunTriage t = Analyse(run);
-  ASSERT_EQ(t.findings_size(), 2) << RenderRunTriageText(t);
+  ASSERT_EQ(t.findings_size(), 2) << RenderRunAnalysisText(t);
   EXPECT_EQ(t.findings(0).check(), "desync.replicated_rng");
   EXPECT_EQ(Ranks(t.findings(0)), std::vector<int>{last()});
   EXPECT_EQ(t.findings(0).step(), 3);
@@ -411,7 +411,7 @@ TEST_P(RunTriageTest, LocalRngSeededAlikeAndReplicatedRngThatDiffersAreFindings)
   EXPECT_EQ(t.findings(1).step(), 0);
 }
 
-TEST_P(RunTriageTest, ARankStuckOutsideAnyCollectiveIsNamed) {
+TEST_P(RunAnalysisTest, ARankStuckOutsideAnyCollectiveIsNamed) {
   // The others began step 3 and wait in its "grads"; rank `last` completed step 2's calls and
   // issued nothing since (stuck in its data loader).
   std::vector<v1::Capsule> run = CleanRun(world());
@@ -445,15 +445,16 @@ TEST_P(RunTriageTest, ARankStuckOutsideAnyCollectiveIsNamed) {
   Write(run);
   const CommandResult r = Cli();
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("rank " + std::to_string(last()) +
-                          " is stuck outside any collective: its last one (sequence 5) completed"),
+  EXPECT_NE(r.output.find(
+                "rank " + std::to_string(last()) +
+                " is stuck outside the recorded collectives: its last one (sequence 5) completed"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("never issued sequence 6 (allreduce grads, step 3)"), std::string::npos)
       << r.output;
 }
 
-TEST_P(RunTriageTest, ARankWhoseDataRanOutOneStepEarlyIsNamed) {
+TEST_P(RunAnalysisTest, ARankWhoseDataRanOutOneStepEarlyIsNamed) {
   // Rank `last`'s loop ended after step 2 and it went on to the final barrier (sequence 6), which
   // the others reached as step 3's "grads": the backend times out on both sides.
   std::vector<v1::Capsule> run = CleanRun(world());
@@ -496,7 +497,7 @@ TEST_P(RunTriageTest, ARankWhoseDataRanOutOneStepEarlyIsNamed) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, ASkippedCollectiveIsNamedWhenTheOthersFailedInIt) {
+TEST_P(RunAnalysisTest, ASkippedCollectiveIsNamedWhenTheOthersFailedInIt) {
   // Rank 1 skipped step 3's "grads" (sequence 6) and issued step 3's capsule.agree as its
   // sequence 6; the backend failed everyone there, so nobody has a sequence 7. The order the
   // others issue their calls in within a step says which rank skipped.
@@ -534,7 +535,7 @@ TEST_P(RunTriageTest, ASkippedCollectiveIsNamedWhenTheOthersFailedInIt) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, EveryBucketOfAStepCountsNotJustItsLastReduction) {
+TEST_P(RunAnalysisTest, EveryBucketOfAStepCountsNotJustItsLastReduction) {
   // A trainer that reduces per bucket writes several records a step. Rank `last`'s first bucket
   // of step 2 was non-finite and its second finite; step 3 is non-finite everywhere (the NaN
   // reached the weights). Keeping a step's last record only called it a replicated bug at step 3.
@@ -559,7 +560,7 @@ TEST_P(RunTriageTest, EveryBucketOfAStepCountsNotJustItsLastReduction) {
     for (const v1::GradReduction& r : records) *reductions.Add() = r;
   }
   const v1::RunTriage t = Analyse(run);
-  ASSERT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
+  ASSERT_EQ(t.findings_size(), 1) << RenderRunAnalysisText(t);
   const v1::TriageFinding& f = Only(t, "gradients.first_bad_rank");
   EXPECT_EQ(Ranks(f), std::vector<int>{last()});
   EXPECT_EQ(f.step(), 2);
@@ -568,7 +569,7 @@ TEST_P(RunTriageTest, EveryBucketOfAStepCountsNotJustItsLastReduction) {
   EXPECT_EQ(t.ranks(0).first_non_finite_step(), 3);
 }
 
-TEST_P(RunTriageTest, TheChecksumOfNoRankLocalRngIsNotSeededAlike) {
+TEST_P(RunAnalysisTest, TheChecksumOfNoRankLocalRngIsNotSeededAlike) {
   // A trainer with no rank-local RNG: captures wrote the checksum of nothing, zero, on every rank.
   // That said "seeded alike", ahead of the wrong sum that was the real cause.
   std::vector<v1::Capsule> run = CleanRun(world());
@@ -586,7 +587,7 @@ TEST_P(RunTriageTest, TheChecksumOfNoRankLocalRngIsNotSeededAlike) {
     }
   }
   v1::RunTriage t = Analyse(run);
-  ASSERT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
+  ASSERT_EQ(t.findings_size(), 1) << RenderRunAnalysisText(t);
   Only(t, "scaling.sum_not_mean");
 
   // Seeded alike for real, and the sum: the sum comes first.
@@ -594,7 +595,7 @@ TEST_P(RunTriageTest, TheChecksumOfNoRankLocalRngIsNotSeededAlike) {
     for (auto& f : *c.mutable_distributed()->mutable_fingerprints()) f.set_local_rng(Hex16(42));
   }
   t = Analyse(run);
-  ASSERT_EQ(t.findings_size(), 2) << RenderRunTriageText(t);
+  ASSERT_EQ(t.findings_size(), 2) << RenderRunAnalysisText(t);
   EXPECT_EQ(t.findings(0).check(), "scaling.sum_not_mean");
   EXPECT_EQ(t.findings(1).check(), "desync.local_rng_alike");
 }
@@ -624,11 +625,11 @@ std::vector<v1::Capsule> RankLeftAfterStep2(int world, v1::TriggerKind last_kind
   return run;
 }
 
-TEST_P(RunTriageTest, ARankThatRaisedIsNamedWithItsExceptionNotAsStuck) {
+TEST_P(RunAnalysisTest, ARankThatRaisedIsNamedWithItsExceptionNotAsStuck) {
   const std::string what = "RuntimeError: shape '[4, 16]' is invalid for input of size 60";
   std::vector<v1::Capsule> run = RankLeftAfterStep2(world(), v1::EXCEPTION, what);
   const v1::RunTriage t = Analyse(run);
-  ASSERT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
+  ASSERT_EQ(t.findings_size(), 1) << RenderRunAnalysisText(t);
   const v1::TriageFinding& f = Only(t, "hang.exception");
   EXPECT_EQ(Ranks(f), std::vector<int>{last()});
   EXPECT_EQ(f.sequence(), 6u);
@@ -644,19 +645,19 @@ TEST_P(RunTriageTest, ARankThatRaisedIsNamedWithItsExceptionNotAsStuck) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, AnExceptionNoOtherFindingExplainsIsAFinding) {
+TEST_P(RunAnalysisTest, AnExceptionNoOtherFindingExplainsIsAFinding) {
   std::vector<v1::Capsule> run = CleanRun(world());
   run[last()].mutable_trigger()->set_kind(v1::EXCEPTION);
   run[last()].mutable_trigger()->set_message("ValueError: bad batch");
   const v1::RunTriage t = Analyse(run);
-  ASSERT_EQ(t.findings_size(), 1) << RenderRunTriageText(t);
+  ASSERT_EQ(t.findings_size(), 1) << RenderRunAnalysisText(t);
   const v1::TriageFinding& f = Only(t, "rank.exception");
   EXPECT_EQ(Ranks(f), std::vector<int>{last()});
   EXPECT_EQ(f.step(), kSteps - 1);
   EXPECT_EQ(t.outcome(), v1::TRIAGE_FINDING);
 }
 
-TEST_P(RunTriageTest, AReductionThatSummedIsNamedWithItsRatio) {
+TEST_P(RunAnalysisTest, AReductionThatSummedIsNamedWithItsRatio) {
   std::vector<v1::Capsule> run = CleanRun(world());
   for (v1::Capsule& c : run) {
     c.mutable_objective()->set_reduction(v1::TOKEN_MEAN);
@@ -684,7 +685,7 @@ TEST_P(RunTriageTest, AReductionThatSummedIsNamedWithItsRatio) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, AveragingALossNormalisedOverAllRanksIsAFinding) {
+TEST_P(RunAnalysisTest, AveragingALossNormalisedOverAllRanksIsAFinding) {
   std::vector<v1::Capsule> run = CleanRun(world());
   for (v1::Capsule& c : run) {
     c.mutable_objective()->set_reduction(v1::TOKEN_MEAN);
@@ -694,12 +695,12 @@ TEST_P(RunTriageTest, AveragingALossNormalisedOverAllRanksIsAFinding) {
   Only(t, "scaling.double_average");
 }
 
-TEST_P(RunTriageTest, AMissingRankIsUndecidedNotGuessed) {
+TEST_P(RunAnalysisTest, AMissingRankIsUndecidedNotGuessed) {
   std::vector<v1::Capsule> run = CleanRun(world());
   run.pop_back();
   const v1::RunTriage t = Analyse(run);
-  EXPECT_EQ(t.outcome(), v1::TRIAGE_UNDECIDED) << RenderRunTriageText(t);
-  EXPECT_EQ(t.findings_size(), 0) << RenderRunTriageText(t);
+  EXPECT_EQ(t.outcome(), v1::TRIAGE_UNDECIDED) << RenderRunAnalysisText(t);
+  EXPECT_EQ(t.findings_size(), 0) << RenderRunAnalysisText(t);
   ASSERT_EQ(t.missing_size(), 1);
   EXPECT_EQ(t.missing(0).first(), last());
   EXPECT_EQ(t.missing(0).last(), last());
@@ -722,7 +723,7 @@ TEST_P(RunTriageTest, AMissingRankIsUndecidedNotGuessed) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, EveryPresentRankWaitingOnAMissingRankIsADeadPeer) {
+TEST_P(RunAnalysisTest, EveryPresentRankWaitingOnAMissingRankIsADeadPeer) {
   std::vector<v1::Capsule> run = CleanRun(world());
   run.pop_back();
   for (v1::Capsule& c : run) {
@@ -734,7 +735,7 @@ TEST_P(RunTriageTest, EveryPresentRankWaitingOnAMissingRankIsADeadPeer) {
     c.mutable_trigger()->set_kind(v1::COLLECTIVE_ERROR);
   }
   const v1::RunTriage t = Analyse(run);
-  ASSERT_GE(t.findings_size(), 1) << RenderRunTriageText(t);
+  ASSERT_GE(t.findings_size(), 1) << RenderRunAnalysisText(t);
   EXPECT_EQ(t.findings(0).check(), "hang.dead_peer");
   EXPECT_TRUE(Ranks(t.findings(0)).empty());
   ASSERT_EQ(t.findings(0).missing_size(), 1);
@@ -744,7 +745,7 @@ TEST_P(RunTriageTest, EveryPresentRankWaitingOnAMissingRankIsADeadPeer) {
   EXPECT_NE(t.findings(0).detail().find("Connection closed by peer"), std::string::npos);
 }
 
-TEST_P(RunTriageTest, CapsulesOfSeveralRunsNeedRun) {
+TEST_P(RunAnalysisTest, CapsulesOfSeveralRunsNeedRun) {
   std::vector<v1::Capsule> a = CleanRun(world(), "run-a");
   std::vector<v1::Capsule> b = CleanRun(world(), "run-b");
   SetLocal(b, 0, 1, std::nan(""), 1);
@@ -771,7 +772,7 @@ TEST_P(RunTriageTest, CapsulesOfSeveralRunsNeedRun) {
   EXPECT_EQ(Cli(" --run run-c").status, 2);
 }
 
-TEST_P(RunTriageTest, ATamperedCapsuleIsListedAndNeverUsed) {
+TEST_P(RunAnalysisTest, ATamperedCapsuleIsListedAndNeverUsed) {
   std::vector<v1::Capsule> run = CleanRun(world());
   // A copy of rank `last`'s capsule that claims non-finite gradients, with one byte changed after
   // signing: were it used, the triage would name rank `last`.
@@ -809,18 +810,18 @@ TEST_P(RunTriageTest, ATamperedCapsuleIsListedAndNeverUsed) {
       << r.output;
 }
 
-TEST_P(RunTriageTest, CapsuleTextIsEscaped) {
+TEST_P(RunAnalysisTest, CapsuleTextIsEscaped) {
   std::vector<v1::Capsule> run = CleanRun(world());
   v1::Collective& k = *run[last()].mutable_distributed()->mutable_collectives(4);
   k.set_tag("grads\x1b[2K\nrank 0: OK");
   const v1::RunTriage t = Analyse(run);
-  const std::string text = RenderRunTriageText(t);
+  const std::string text = RenderRunAnalysisText(t);
   EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
   EXPECT_NE(text.find("grads\\x1b[2K\\nrank 0: OK"), std::string::npos) << text;
   Only(t, "hang.mismatch");
 }
 
-TEST_P(RunTriageTest, AClaimedWorldSizeCostsWhatTheCapsulesPresentCost) {
+TEST_P(RunAnalysisTest, AClaimedWorldSizeCostsWhatTheCapsulesPresentCost) {
   // Every capsule claims a million ranks; only world() wrote one. The missing ones are one range,
   // in the result and in the text, not a million numbers.
   constexpr int kClaimed = 1000000;
@@ -833,13 +834,13 @@ TEST_P(RunTriageTest, AClaimedWorldSizeCostsWhatTheCapsulesPresentCost) {
   EXPECT_EQ(t.missing(0).first(), world());
   EXPECT_EQ(t.missing(0).last(), kClaimed - 1);
   EXPECT_EQ(t.missing_count(), kClaimed - world());
-  const std::string text = RenderRunTriageText(t);
+  const std::string text = RenderRunAnalysisText(t);
   EXPECT_LT(text.size(), 8192u) << text.substr(0, 2000);
   EXPECT_NE(
       text.find("cannot decide: no capsule from ranks " + std::to_string(world()) + "..999999"),
       std::string::npos)
       << text;
-  EXPECT_LT(RenderRunTriageJson(t).size(), 8192u);
+  EXPECT_LT(RenderRunAnalysisJson(t).size(), 8192u);
 
   Write(run);
   CommandResult r = Cli();
@@ -856,7 +857,7 @@ TEST_P(RunTriageTest, AClaimedWorldSizeCostsWhatTheCapsulesPresentCost) {
       << r.output.substr(0, 2000);
 }
 
-TEST_P(RunTriageTest, TheLargestWorldSizeAndSequenceNumbersAreTriagedInTheirEntriesTime) {
+TEST_P(RunAnalysisTest, TheLargestWorldSizeAndSequenceNumbersAreTriagedInTheirEntriesTime) {
   // 2^31 - 1 ranks claimed (no reader lets such a capsule through; the analysis must not depend
   // on that), and one rank whose ring ends at the last sequence number there is: the ranks
   // present and the entries they hold are what the triage visits.
@@ -873,17 +874,17 @@ TEST_P(RunTriageTest, TheLargestWorldSizeAndSequenceNumbersAreTriagedInTheirEntr
   EXPECT_EQ(t.missing(0).first(), world());
   EXPECT_EQ(t.missing(0).last(), std::numeric_limits<int32_t>::max() - 1);
   EXPECT_EQ(t.ranks(last()).last_enqueued(), std::numeric_limits<uint64_t>::max());
-  EXPECT_EQ(t.findings_size(), 0) << RenderRunTriageText(t);
-  EXPECT_EQ(t.outcome(), v1::TRIAGE_UNDECIDED) << RenderRunTriageText(t);
-  EXPECT_LT(RenderRunTriageText(t).size(), 8192u);
+  EXPECT_EQ(t.findings_size(), 0) << RenderRunAnalysisText(t);
+  EXPECT_EQ(t.outcome(), v1::TRIAGE_UNDECIDED) << RenderRunAnalysisText(t);
+  EXPECT_LT(RenderRunAnalysisText(t).size(), 8192u);
 }
 
-TEST_P(RunTriageTest, TheInputKeepsWhatItNeedsAndNotTheCapsule) {
+TEST_P(RunAnalysisTest, TheInputKeepsWhatItNeedsAndNotTheCapsule) {
   // Each capsule is dropped once added: the analysis must not read it afterwards, and what it
   // keeps of it is the small part it reads, not the tensors.
   std::vector<v1::Capsule> run = CleanRun(world());
   SetLocal(run, last(), 2, std::nan(""), 7);
-  RunTriageInput input;
+  RunAnalysisInput input;
   for (const v1::Capsule& c : run) {
     auto copy = std::make_unique<v1::Capsule>(c);
     v1::TensorBlob& big = *copy->add_tensors();
@@ -892,12 +893,169 @@ TEST_P(RunTriageTest, TheInputKeepsWhatItNeedsAndNotTheCapsule) {
     input.Add(dir_ + "/" + FileName(c), *copy);
     copy.reset();
   }
-  RunTriageOptions options;
+  RunAnalysisOptions options;
   options.dir = dir_;
-  const v1::RunTriage t = *TriageRun(input, options);
+  const v1::RunTriage t = *AnalyseRun(input, options);
   const v1::TriageFinding& f = Only(t, "gradients.first_bad_rank");
   EXPECT_EQ(Ranks(f), std::vector<int>{last()});
   EXPECT_EQ(f.capsule(), dir_ + "/" + FileName(run[last()]));
+}
+
+// Sends "act" from rank 0 to rank `to`, #0 .. #count-1, one per step, completed.
+void AddSends(v1::Capsule& from, v1::Capsule& to, int count) {
+  for (int n = 0; n < count; ++n) {
+    for (auto [c, op, peer] : {std::make_tuple(&from, "send", to.placement().rank()),
+                               std::make_tuple(&to, "recv", from.placement().rank())}) {
+      v1::Collective& k = *c->mutable_distributed()->add_point_to_point();
+      k.set_sequence(n);
+      k.set_op(op);
+      k.set_tag("act");
+      k.set_peer(peer);
+      k.set_dtype("float32");
+      k.set_numel(16);
+      k.set_state(v1::COMPLETED);
+      k.set_enqueued_unix_micros(1780000000000000 + n * 20);
+      k.set_completed_unix_micros(1780000000000001 + n * 20);
+      k.set_step(n);
+    }
+  }
+}
+
+TEST_P(RunAnalysisTest, ARankWaitingInAReceiveIsNamedWithThePeerThatNeverSent) {
+  // Rank `last` receives step 3's activations from rank 0 (#3) before its "grads"; rank 0 went
+  // straight to "grads" (sequence 6) without sending.
+  std::vector<v1::Capsule> run = RankLeftAfterStep2(world(), v1::HANG, "dump requested");
+  AddSends(run[0], run[last()], 3);
+  v1::Collective& wait = *run[last()].mutable_distributed()->add_point_to_point();
+  wait.set_sequence(3);
+  wait.set_op("recv");
+  wait.set_tag("act");
+  wait.set_peer(0);
+  wait.set_numel(16);
+  wait.set_state(v1::ENQUEUED);
+  wait.set_enqueued_unix_micros(1780000000009000);
+  wait.set_step(3);
+  run[last()].mutable_distributed()->set_last_step(3);
+  const v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "hang.point_to_point");
+  EXPECT_EQ(Ranks(f), std::vector<int>{last()});
+  EXPECT_NE(f.detail().find("waits in recv act from rank 0 (#3, step 3)"), std::string::npos)
+      << f.detail();
+  EXPECT_NE(f.detail().find("rank 0 never issued the matching send #3 (its last send to rank " +
+                            std::to_string(last()) + ": #2)"),
+            std::string::npos)
+      << f.detail();
+
+  Write(run);
+  const CommandResult r = Cli();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("hang.point_to_point: rank " + std::to_string(last()) + " waits in"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST_P(RunAnalysisTest, TheRankThatFailedFirstIsTheCulpritAndTheOthersVictims) {
+  // Rank 1 died in the backend at step 3's "grads" (sequence 6, still enqueued on its side);
+  // the others' "grads" then failed (the connection closed), and rank `last`'s trainer rethrew
+  // the error as an EXCEPTION capsule too. The rings agree: only the times tell.
+  const int64_t t0 = 1780000000100000;
+  std::vector<v1::Capsule> run = CleanRun(world());
+  std::vector<v1::Capsule> extra;
+  for (v1::Capsule& c : run) {
+    v1::Distributed& d = *c.mutable_distributed();
+    d.mutable_collectives()->RemoveLast();
+    d.mutable_reductions()->RemoveLast();
+    v1::Collective& k = *d.mutable_collectives(6);
+    const int rank = c.placement().rank();
+    c.mutable_trigger()->set_kind(v1::COLLECTIVE_ERROR);
+    if (rank == 1) {
+      k.set_state(v1::ENQUEUED);
+      k.set_completed_unix_micros(0);
+      c.set_created_unix_micros(t0);
+      c.mutable_trigger()->set_message(
+          "rank 1: the process is terminating in the collective backend: out of memory");
+      continue;
+    }
+    k.set_state(v1::FAILED);
+    k.set_error("Connection closed by peer");
+    k.set_completed_unix_micros(t0 + 2000 + rank);
+    c.set_created_unix_micros(t0 + 3000 + rank);
+    c.mutable_trigger()->set_message("collective allreduce grads (sequence 6) failed");
+    if (rank == last()) {
+      v1::Capsule e = c;
+      e.mutable_trigger()->set_kind(v1::EXCEPTION);
+      e.mutable_trigger()->set_message("Connection closed by peer");
+      e.set_created_unix_micros(t0 + 9000);
+      extra.push_back(std::move(e));
+    }
+  }
+  run.insert(run.end(), extra.begin(), extra.end());
+  const v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "rank.first_failure");
+  EXPECT_EQ(Ranks(f), std::vector<int>{1});
+  EXPECT_NE(f.detail().find("rank 1 failed first (COLLECTIVE_ERROR at step 3, 2 ms before any "
+                            "other: \"rank 1: the process is terminating"),
+            std::string::npos)
+      << f.detail();
+  for (const v1::RankEvidence& e : t.ranks()) {
+    EXPECT_EQ(e.role(), e.rank() == 1 ? "culprit" : "victim") << e.rank();
+  }
+
+  Write(run);
+  const CommandResult r = Cli();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("rank.first_failure: rank 1 failed first"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("rank.exception"), std::string::npos) << r.output;
+}
+
+TEST_P(RunAnalysisTest, ARankThatRaisedIsTheCulpritAndTheWaitingRanksVictims) {
+  std::vector<v1::Capsule> run = RankLeftAfterStep2(world(), v1::EXCEPTION, "ValueError: bad");
+  const v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "hang.exception");
+  std::vector<int> others;
+  for (int r = 0; r < last(); ++r) others.push_back(r);
+  std::string victims = others.size() == 1 ? "rank 0" : "ranks 0";
+  for (size_t i = 1; i < others.size(); ++i) victims += ", " + std::to_string(others[i]);
+  EXPECT_NE(f.detail().find("; " + victims + " failed or hung after it in what it left"),
+            std::string::npos)
+      << f.detail();
+  for (const v1::RankEvidence& e : t.ranks()) {
+    EXPECT_EQ(e.role(), e.rank() == last() ? "culprit" : "victim") << e.rank();
+  }
+}
+
+TEST_P(RunAnalysisTest, ARankThatFinishedItsLoopEarlyIsUnevenDataNotStuck) {
+  // Rank `last` finished its loop after step 2 (it said so through the store); the others went
+  // on to step 3 and wait in its "grads". Its own capsule (written when the others asked) shows
+  // it idle after a completed collective, as a stuck rank would be: the step numbers tell.
+  std::vector<v1::Capsule> run = RankLeftAfterStep2(world(), v1::HANG, "dump requested");
+  for (int r = 0; r < last(); ++r) {
+    v1::FinishedRank& done = *run[r].mutable_distributed()->add_finished();
+    done.set_rank(last());
+    done.set_last_step(2);
+  }
+  v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "hang.uneven_data");
+  EXPECT_EQ(Ranks(f), std::vector<int>{last()});
+  EXPECT_NE(f.detail().find("rank " + std::to_string(last()) +
+                            " finished its training loop after step 2 while the others went on "
+                            "to step 3"),
+            std::string::npos)
+      << f.detail();
+
+  // Without its capsule (its process ended): the same, not a dead peer.
+  run.pop_back();
+  t = Analyse(run);
+  const v1::TriageFinding& g = Only(t, "hang.uneven_data");
+  EXPECT_EQ(Ranks(g), std::vector<int>{last()});
+  EXPECT_EQ(g.sequence(), 6u);
+  ASSERT_EQ(g.missing_size(), 1);
+  EXPECT_EQ(g.missing(0).first(), last());
+  Write(run);
+  const CommandResult r = Cli();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("it wrote no capsule"), std::string::npos) << r.output;
 }
 
 TEST(RunTriageCliTest, AFolderWithoutCapsulesOrThatDoesNotExistExitsTwo) {
