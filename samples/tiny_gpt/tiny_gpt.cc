@@ -44,7 +44,8 @@ at::Tensor Dropout(const at::Tensor& x, double p, const LayerBatch& batch) {
 }
 
 // The embedding's positional term: the first T rows of the learned table, or with pad_mask the
-// rows of the batch's position ids; none with rope (the blocks rotate q and k instead).
+// rows of the batch's position ids; none with rope (the blocks rotate q and k instead, and the
+// model has no table).
 at::Tensor AddPositions(const at::Tensor& tokens, const at::Tensor& table, const TinyGptConfig& c,
                         const LayerBatch& batch) {
   if (c.rope) return tokens;
@@ -130,8 +131,9 @@ class TinyGpt::ReferencePath : public LayerSequence {
     CheckSingleInput(inputs, c.layer_name(layer));
     if (layer == 0) {
       CheckTokenIds(inputs[0], c);
-      const at::Tensor x = AddPositions(at::embedding(AsDouble(m_.tok_embedding_), inputs[0]),
-                                        AsDouble(m_.pos_embedding_), c, batch);
+      const at::Tensor table = c.rope ? at::Tensor() : AsDouble(m_.pos_embedding_);
+      const at::Tensor x =
+          AddPositions(at::embedding(AsDouble(m_.tok_embedding_), inputs[0]), table, c, batch);
       return {Dropout(x, c.dropout, batch)};
     }
     const at::Tensor x = inputs[0].to(at::kDouble);
@@ -369,9 +371,13 @@ TinyGpt::TinyGpt(const TinyGptConfig& config) : config_(config) {
   };
 
   tok_embedding_ = normal({c.vocab_size, d}, 0.02);
-  pos_embedding_ = normal({c.seq_len, d}, 0.02);
   add(0, "embed.tok", tok_embedding_);
-  add(0, "embed.pos", pos_embedding_);
+  // With rope the blocks rotate q and k instead: a learned table would be a parameter the loss
+  // never reaches.
+  if (!c.rope) {
+    pos_embedding_ = normal({c.seq_len, d}, 0.02);
+    add(0, "embed.pos", pos_embedding_);
+  }
 
   blocks_.resize(c.n_layers);
   for (int64_t b = 0; b < c.n_layers; ++b) {

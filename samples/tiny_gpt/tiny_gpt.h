@@ -61,7 +61,8 @@ class TinyGpt : public Model, public Decodable {
   // The incremental decoder (model/decoder.h): the OPTIMIZED path's FP32 kernels run over a
   // key/value cache, in eval mode. The decode faults (faults.h) live here alone.
   IncrementalDecoder& Decoder() override;
-  // In module order: embed.tok, embed.pos, blocks.0.ln1.weight, ..., ln_f.bias, lm_head.weight.
+  // In module order: embed.tok, embed.pos (not with rope), blocks.0.ln1.weight, ..., ln_f.bias,
+  // lm_head.weight.
   std::vector<NamedTensor> NamedParameters() const override;
   // {"tiny_gpt", config JSON plus "step" and "fault_armed"}.
   ModelSpecInfo Spec() const override;
@@ -123,7 +124,7 @@ class TinyGpt : public Model, public Decodable {
   bool fused_gelu_ = true;
 
   at::Tensor tok_embedding_;  // [vocab, d]
-  at::Tensor pos_embedding_;  // [seq_len, d]
+  at::Tensor pos_embedding_;  // [seq_len, d]; undefined with rope
   std::vector<Block> blocks_;
   at::Tensor ln_f_weight_, ln_f_bias_;
   at::Tensor lm_head_weight_;  // [vocab, d]

@@ -145,6 +145,23 @@ TEST(InferenceOptions, TrainingPathsStillAgreeWithThemOn) {
   EXPECT_GT(MaxScaledError(FullLogits(*model, PathKind::kReference, unmasked)[1], ref[1]), 1e-3);
 }
 
+// A learned position table under rope would be a parameter the loss never reaches (replay's
+// gradients stage names such a parameter): with rope the model has none, and every parameter
+// gets a gradient.
+TEST(InferenceOptions, RopeModelsHaveNoPositionTableAndEveryParameterLearns) {
+  const TinyGptConfig c = RotaryGrouped();
+  std::unique_ptr<TinyGpt> model = MakeModel(c);
+  for (const auto& [name, tensor] : model->NamedParameters()) EXPECT_NE(name, "embed.pos");
+  LayerBatch batch = PaddedBatch(c, 10);
+  batch.training = true;
+  const at::Tensor loss = RunSequence(model->Path(PathKind::kReference), batch);
+  loss.backward();
+  for (const auto& [name, tensor] : model->NamedParameters()) {
+    ASSERT_TRUE(tensor.grad().defined()) << name;
+    EXPECT_GT(tensor.grad().abs().sum().item<double>(), 0) << name;
+  }
+}
+
 TEST(Decoder, CachedDecodeReproducesTheWholeSequenceLogits) {
   for (const TinyGptConfig& c : {TinyGptConfig{}, RotaryGrouped()}) {
     std::unique_ptr<TinyGpt> model = MakeModel(c);
