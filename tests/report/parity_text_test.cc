@@ -7,7 +7,12 @@
 
 #include <string>
 
+#include "capsule/format/envelope.h"
+#include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/parity.pb.h"
+#include "capsule/proto/replay_report.pb.h"
+#include "capsule/report/report.h"
+#include "samples/golden/golden_capsules.h"
 
 namespace capsule {
 namespace {
@@ -82,6 +87,29 @@ TEST(ParityText, ChartHasABarPerPositionAndTheToleranceLine) {
   EXPECT_TRUE(Has(svg, "stroke-dasharray")) << svg;
   EXPECT_TRUE(Has(svg, "position 3: blocks.1 412x tolerance")) << svg;
   EXPECT_TRUE(Has(svg, "fill=\"#c0392b\"")) << svg;
+}
+
+// The reports show a replay's parity result beside the layerwise one; a hostile layer name is
+// escaped in both.
+TEST(ParityText, ReportsShowTheSentenceTableAndChartEscaped) {
+  v1::ReplayReport replay;
+  *replay.mutable_parity() = Diverged();
+  replay.mutable_parity()->mutable_positions(3)->set_worst_layer("<script>x</script>");
+  EnvelopeInfo envelope;
+  const ReportModel m = BuildReportModel(golden::MakeFullCapsule(), envelope, &replay, {});
+  const std::string html = RenderHtml(m);
+  EXPECT_TRUE(Has(html, "<h2>Inference parity (whole sequence vs cached decode)</h2>"));
+  EXPECT_TRUE(Has(html, "class=\"parity-chart\""));
+  EXPECT_TRUE(Has(html, "at position 2, layer blocks.1"));
+  EXPECT_FALSE(Has(html, "<script>")) << html;
+  const std::string md = RenderMarkdown(m);
+  EXPECT_TRUE(Has(md, "### Inference parity")) << md;
+  EXPECT_TRUE(Has(md, "412  DIVERGED")) << md;
+  EXPECT_FALSE(Has(md, "<script>")) << md;
+  // Without a parity result there is no section.
+  replay.clear_parity();
+  EXPECT_FALSE(Has(RenderHtml(BuildReportModel(golden::MakeFullCapsule(), envelope, &replay, {})),
+                   "Inference parity"));
 }
 
 }  // namespace
