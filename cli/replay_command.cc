@@ -31,6 +31,42 @@ void PrintParity(const v1::ParityReport& p, std::ostream& out) {
   for (std::string line; std::getline(table, line);) PrintableLine(out) << "  " << line;
 }
 
+// The features bisect: the switches searched, the outcome and each probe.
+void PrintFeatures(const v1::FeatureBisectReport& f, std::ostream& out) {
+  using Line = PrintableLine;
+  auto join = [](const auto& names) {
+    std::string s;
+    for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+    return s.empty() ? std::string("none") : s;
+  };
+  std::string outcome;
+  switch (f.outcome()) {
+    case v1::FeatureBisectReport::FOUND:
+      outcome = f.target_layer() + " (" +
+                (f.target_phase() == v1::BACKWARD ? "backward" : "forward") + ") diverges with " +
+                join(f.culprits()) + " on";
+      break;
+    case v1::FeatureBisectReport::NOT_IN_SWITCHES:
+      outcome =
+          f.target_layer() + " diverges with every switch off: not in a switchable optimization";
+      break;
+    case v1::FeatureBisectReport::NO_TARGET:
+      outcome = "no divergent layer to hold";
+      break;
+    default:
+      outcome = "the model exposes no optimization switches";
+      break;
+  }
+  Line{out};
+  Line(out) << "features bisect over " << f.switches_size() << " switches (" << join(f.switches())
+            << "): " << outcome << "; " << f.replays() << " replays (bound " << f.replay_bound()
+            << ")";
+  for (const auto& p : f.probes()) {
+    Line(out) << "  on: " << Pad(join(p.enabled()), 40) << Pad(p.bad() ? "diverges" : "agrees", 10)
+              << "max rel err " << FormatSignificant(p.max_rel_err(), 3);
+  }
+}
+
 // Every line goes through PrintableLine: layer names, warnings, findings, file names and the
 // commands quote the capsule, its file name or the model.
 void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
@@ -105,41 +141,7 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
                 << p.nonfinite_mismatch();
     }
   }
-  if (r.has_features()) {
-    const v1::FeatureBisectReport& f = r.features();
-    auto join = [](const auto& names) {
-      std::string s;
-      for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-      return s.empty() ? std::string("none") : s;
-    };
-    std::string outcome;
-    switch (f.outcome()) {
-      case v1::FeatureBisectReport::FOUND:
-        outcome = f.target_layer() + " (" +
-                  (f.target_phase() == v1::BACKWARD ? "backward" : "forward") + ") diverges with " +
-                  join(f.culprits()) + " on";
-        break;
-      case v1::FeatureBisectReport::NOT_IN_SWITCHES:
-        outcome =
-            f.target_layer() + " diverges with every switch off: not in a switchable optimization";
-        break;
-      case v1::FeatureBisectReport::NO_TARGET:
-        outcome = "no divergent layer to hold";
-        break;
-      default:
-        outcome = "the model exposes no optimization switches";
-        break;
-    }
-    Line{out};
-    Line(out) << "features bisect over " << f.switches_size() << " switches (" << join(f.switches())
-              << "): " << outcome << "; " << f.replays() << " replays (bound " << f.replay_bound()
-              << ")";
-    for (const auto& p : f.probes()) {
-      Line(out) << "  on: " << Pad(join(p.enabled()), 40)
-                << Pad(p.bad() ? "diverges" : "agrees", 10) << "max rel err "
-                << FormatSignificant(p.max_rel_err(), 3);
-    }
-  }
+  if (r.has_features()) PrintFeatures(r.features(), out);
   if (r.has_repeat()) {
     const v1::RepeatReport& rep = r.repeat();
     Line{out};
