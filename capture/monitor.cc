@@ -61,7 +61,8 @@ struct Monitor::State {
   std::map<TriggerKind, int64_t> last_capture_step;
   std::set<TriggerKind> quiet_kinds;  // rate-limited kinds already reported in this window
   std::deque<RunEvent> events;
-  OptimizerProbe* probe = nullptr;  // set while an OptimizerProbe is attached
+  std::optional<GenerationInfo> generation;  // Monitor::SetGeneration
+  OptimizerProbe* probe = nullptr;           // set while an OptimizerProbe is attached
   // Capsules waiting for the optimizer step, in capture order: a second capture in the same step
   // (a manual one after a trigger) waits beside the first, and both are written.
   std::vector<internal::PendingCapture> pending;
@@ -299,6 +300,12 @@ void Monitor::AddEvent(int64_t step, const std::string& kind, const std::string&
   std::deque<RunEvent>& events = state_->events;
   events.push_back({step, kind, detail});
   while (events.size() > 64) events.pop_front();
+}
+
+Status Monitor::SetGeneration(std::optional<GenerationInfo> generation) {
+  if (generation) CAPSULE_RETURN_IF_ERROR(generation->Validate());
+  state_->generation = std::move(generation);
+  return Status::Ok();
 }
 
 void Monitor::Emit(const std::string& line) const {
@@ -583,6 +590,7 @@ Status Monitor::BuildAndWrite(const FiredTrigger& fired, const std::string& mess
   context.model = state_->model;
   context.path = state_->path;
   context.events.assign(state_->events.begin(), state_->events.end());
+  context.generation = state_->generation;
 
   std::optional<ProbeResult> rerun;
   if (state_->model != nullptr && options_.rerun && !incident) {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "capsule/base/status.h"
+#include "capsule/capture/generation.h"
 #include "capsule/capture/spike_rule.h"
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/signing.h"
@@ -292,6 +293,11 @@ class Monitor {
   // A run event (data-mixture switch, context-length change, checkpoint resume) that capsules
   // carry as an annotation of the run's history; the last 64 are kept.
   void AddEvent(int64_t step, const std::string& kind, const std::string& detail = "");
+
+  // The batches from here on are generation steps (capture/generation.h): every later capsule
+  // carries `generation`, and replay checks the decode against the whole-sequence forward. nullopt:
+  // training steps again. kInvalidArgument (and nothing changes) for a field out of range.
+  Status SetGeneration(std::optional<GenerationInfo> generation);
 
   // Snapshots RNG states, the cursor and the batch. Call before the step's forward pass. Token ids,
   // labels and masks are copied (they are small); batch.tensors.inputs is kept by reference, so

@@ -14,8 +14,10 @@
 #include "capsule/cli/printable_stream.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/parity.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/replayer.h"
+#include "capsule/report/parity_text.h"
 #include "capsule/report/replay_text.h"
 #include "capsule/report/report.h"
 
@@ -176,6 +178,14 @@ void PrintCommands(const v1::ReplayReport& r, std::ostream& out) {
   }
 }
 
+// Parity mode: the verdict, then the table of positions and cached tensors.
+void PrintParity(const v1::ParityReport& p, std::ostream& out) {
+  PrintableLine{out};
+  PrintableLine(out) << "parity: " << ParitySentence(p);
+  std::istringstream table(ParityTable(p));
+  for (std::string line; std::getline(table, line);) PrintableLine(out) << "  " << line;
+}
+
 // Every line goes through PrintableLine: layer names, warnings, findings, file names and the
 // commands quote the capsule, its file name or the model.
 void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
@@ -184,6 +194,7 @@ void PrintHuman(const v1::ReplayReport& r, std::ostream& out) {
   PrintBisects(r, out);
   PrintFeatureBisect(r, out);
   PrintRepeat(r, out);
+  if (r.has_parity()) PrintParity(r.parity(), out);
   PrintCommands(r, out);
 }
 
@@ -239,6 +250,16 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
                   "Replay N times from a fresh state: bitwise identical, or the spread of each "
                   "metric")
       ->check(CLI::Range(1, 1000));
+  cmd->add_flag("--parity", options->parity,
+                "Compare the whole-sequence forward with prefill + cached decode (automatic for a "
+                "capsule with a generation section)");
+  cmd->add_option("--prefill", options->prefill,
+                  "Parity: tokens prefilled before token-by-token decode (default: the capsule's "
+                  "prompt length, else half the sequence)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--chunk", options->chunk,
+                  "Parity: prefill chunk size (default: the capsule's, else the whole prefill)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_flag("--json", options->json, "Print the result as JSON");
   cmd->callback([options, run, registry, cmd] {
     options->bisect_given = cmd->count("--bisect") > 0;
@@ -246,7 +267,10 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   });
 }
 
-int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
+namespace {
+
+// The library's options from the command line's; kInvalidArgument for a bad --layer-tol.
+StatusOr<ReplayOptions> ReplayOptionsOf(const ReplayCliOptions& o) {
   ReplayOptions options;
   options.weights_path = o.weights;
   options.checkpoint_path = o.checkpoint;
@@ -273,11 +297,44 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
     std::string name;
     Tolerance tol;
     if (!ParseLayerTol(s, &name, &tol)) {
-      PrintError(InvalidArgumentError("--layer-tol " + s + " is not NAME=ATOL,RTOL"));
-      return kExitError;
+      return InvalidArgumentError("--layer-tol " + s + " is not NAME=ATOL,RTOL");
     }
     options.compare.layer_tolerance[name] = tol;
   }
+  options.parity = o.parity || o.prefill > 0 || o.chunk > 0;
+  options.parity_options.prefill = o.prefill;
+  options.parity_options.chunk = o.chunk;
+  options.parity_options.compare = options.compare;
+  return options;
+}
+
+// The flags that change what the replay computes, for the command that repeats it.
+std::string ReplayFlags(const ReplayCliOptions& o) {
+  std::string flags;
+  if (!o.checkpoint.empty()) flags += " --checkpoint " + o.checkpoint;
+  if (o.bisect_given) flags += " --bisect=" + o.bisect;
+  if (o.phase != "forward") flags += " --phase " + o.phase;
+  if (o.repeat > 1) flags += " --repeat " + std::to_string(o.repeat);
+  if (!o.features.empty()) {
+    std::string list;
+    for (const std::string& f : o.features) list += (list.empty() ? "" : ",") + f;
+    flags += " --features " + list;
+  }
+  if (o.parity) flags += " --parity";
+  if (o.prefill > 0) flags += " --prefill " + std::to_string(o.prefill);
+  if (o.chunk > 0) flags += " --chunk " + std::to_string(o.chunk);
+  return flags;
+}
+
+}  // namespace
+
+int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
+  StatusOr<ReplayOptions> parsed = ReplayOptionsOf(o);
+  if (!parsed.ok()) {
+    PrintError(parsed.status());
+    return kExitError;
+  }
+  ReplayOptions options = std::move(*parsed);
   options.progress = ProgressLine("replay");  // null unless standard error is a terminal
 
   int rc = kExitError;
@@ -306,16 +363,7 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   if (o.trust.allow_unsigned) trust_flags += " --allow-unsigned";
   const Invocation& invocation = CurrentInvocation();
   std::string cmd = invocation.program + " replay " + o.file + ModelArgs(o.plugins) + trust_flags;
-  if (!o.checkpoint.empty()) cmd += " --checkpoint " + o.checkpoint;
-  if (o.bisect_given) cmd += " --bisect=" + o.bisect;
-  if (o.phase != "forward") cmd += " --phase " + o.phase;
-  if (o.repeat > 1) cmd += " --repeat " + std::to_string(o.repeat);
-  if (!o.features.empty()) {
-    std::string list;
-    for (const std::string& f : o.features) list += (list.empty() ? "" : ",") + f;
-    cmd += " --features " + list;
-  }
-  report->set_replay_command(cmd);
+  report->set_replay_command(cmd + ReplayFlags(o));
   // NUMERICS names a layer: the next step is that layer alone, small enough to attach and fast to
   // re-run under a debugger. Extracts need every weight; without them, say how to get them.
   if (report->diagnosis() == v1::NUMERICS && report->has_first_divergent_layer() &&
@@ -336,7 +384,8 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   } else {
     PrintHuman(*report, std::cout);
   }
-  return report->diagnosis() == v1::NO_DIVERGENCE ? kExitOk : kExitFinding;
+  const bool parity_diverged = report->has_parity() && report->parity().diverged();
+  return report->diagnosis() == v1::NO_DIVERGENCE && !parity_diverged ? kExitOk : kExitFinding;
 }
 
 }  // namespace capsule::cli

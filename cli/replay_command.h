@@ -36,6 +36,9 @@ struct ReplayCliOptions {
   bool json = false;
   int repeat = 1;
   std::vector<std::string> features;  // --features: exactly these switches on ("none": all off)
+  bool parity = false;                // --parity: whole sequence against the incremental decode
+  int64_t prefill = 0;  // --prefill, --chunk: its schedule (0: the capsule's, or half)
+  int64_t chunk = 0;
 };
 void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
 int RunReplayCommand(const ReplayCliOptions& options, ModelRegistry& registry);

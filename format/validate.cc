@@ -270,6 +270,31 @@ Status ValidateBounds(const v1::Capsule& c) {
   return Status::Ok();
 }
 
+// Capsule.generation: counts and probabilities in range, hashes well formed.
+Status ValidateGeneration(const v1::Capsule& c) {
+  const v1::Generation& g = c.generation();
+  if (g.prompt_length() < 0 || g.prefill_chunk() < 0) {
+    return Invalid("generation", "prompt_length and prefill_chunk must be >= 0");
+  }
+  const v1::Sampling& s = g.sampling();
+  if (!(std::isfinite(s.temperature()) && s.temperature() >= 0) || s.top_k() < 0 ||
+      !(s.top_p() >= 0 && s.top_p() <= 1)) {
+    return Invalid("generation.sampling",
+                   "temperature must be finite and >= 0, top_k >= 0 and top_p in [0, 1]");
+  }
+  if (!(std::isfinite(g.cache().quant_scale()) && g.cache().quant_scale() >= 0)) {
+    return Invalid("generation.cache.quant_scale", "must be finite and >= 0");
+  }
+  for (const auto& [where, hash] : {std::pair<const char*, const std::string*>{
+                                        "generation.tokenizer_sha256", &g.tokenizer_sha256()},
+                                    {"generation.template_sha256", &g.template_sha256()}}) {
+    if (!hash->empty() && !IsSha256Hex(*hash)) {
+      return Invalid(where, "must be empty or 64 lowercase hex characters");
+    }
+  }
+  return Status::Ok();
+}
+
 // Capsule.derivations (FORMAT.md §3.1): what a reader holds the capsule's trust to, so every entry
 // must say it plainly.
 Status ValidateDerivations(const v1::Capsule& c) {
@@ -743,6 +768,7 @@ Status ValidateCapsule(const v1::Capsule& c, const ValidateOptions& options) {
   CAPSULE_RETURN_IF_ERROR(ValidateObjectiveAndOptimizer(c, tensor_names));
   CAPSULE_RETURN_IF_ERROR(ValidateBounds(c));
   CAPSULE_RETURN_IF_ERROR(ValidateDistributed(c));
+  CAPSULE_RETURN_IF_ERROR(ValidateGeneration(c));
   CAPSULE_RETURN_IF_ERROR(ValidateAnnotationsAndRedaction(c));
   std::string where;
   if (!EnumsAreKnown(c, &where)) return InvalidArgumentError(where);

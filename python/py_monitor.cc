@@ -3,11 +3,14 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "capsule/capture/generation.h"
 #include "capsule/python/monitor_options.h"
 #include "capsule/python/py_errors.h"
 
@@ -149,6 +152,39 @@ void BindAttach(py::class_<PyMonitor>& cls) {
       });
 }
 
+// Monitor.set_generation's keywords (capture/generation.h): the GenerationInfo fields, sampling
+// and cache settings flattened; unknown keywords are refused.
+GenerationInfo GenerationOf(const py::dict& kw) {
+  GenerationInfo g;
+  const std::map<std::string, std::function<void(const py::handle&)>> setters = {
+      {"prompt_length", [&](const py::handle& v) { g.prompt_length = v.cast<int64_t>(); }},
+      {"prefill_chunk", [&](const py::handle& v) { g.prefill_chunk = v.cast<int64_t>(); }},
+      {"temperature", [&](const py::handle& v) { g.sampling.temperature = v.cast<double>(); }},
+      {"top_k", [&](const py::handle& v) { g.sampling.top_k = v.cast<int32_t>(); }},
+      {"top_p", [&](const py::handle& v) { g.sampling.top_p = v.cast<double>(); }},
+      {"seed", [&](const py::handle& v) { g.sampling.seed = v.cast<uint64_t>(); }},
+      {"stop_tokens",
+       [&](const py::handle& v) { g.sampling.stop_tokens = v.cast<std::vector<int64_t>>(); }},
+      {"cache_layout", [&](const py::handle& v) { g.cache.layout = v.cast<std::string>(); }},
+      {"cache_dtype", [&](const py::handle& v) { g.cache.dtype = v.cast<std::string>(); }},
+      {"post_rotation_keys",
+       [&](const py::handle& v) { g.cache.post_rotation_keys = v.cast<bool>(); }},
+      {"quant_scale", [&](const py::handle& v) { g.cache.quant_scale = v.cast<double>(); }},
+      {"adapter_merged", [&](const py::handle& v) { g.adapter_merged = v.cast<bool>(); }},
+      {"adapter_name", [&](const py::handle& v) { g.adapter_name = v.cast<std::string>(); }},
+      {"tokenizer_sha256",
+       [&](const py::handle& v) { g.tokenizer_sha256 = v.cast<std::string>(); }},
+      {"template_sha256", [&](const py::handle& v) { g.template_sha256 = v.cast<std::string>(); }},
+  };
+  for (const auto& [k, v] : kw) {
+    const std::string key = k.cast<std::string>();
+    auto it = setters.find(key);
+    if (it == setters.end()) throw py::type_error("set_generation: unknown field '" + key + "'");
+    it->second(v);
+  }
+  return g;
+}
+
 // What the trainer adds to the next capsule: log lines, annotations, events, the identity.
 void BindRecord(py::class_<PyMonitor>& cls) {
   cls.def("log", [](PyMonitor& self, const std::string& line) { self.monitor.Log(line); })
@@ -157,6 +193,15 @@ void BindRecord(py::class_<PyMonitor>& cls) {
       .def("add_event",
            [](PyMonitor& self, int64_t step, const std::string& kind, const std::string& detail) {
              self.monitor.AddEvent(step, kind, detail);
+           })
+      .def("set_generation",
+           [](PyMonitor& self, const py::dict& g) {
+             if (g.empty()) {
+               (void)self.monitor.SetGeneration(std::nullopt);
+               return;
+             }
+             const Status s = self.monitor.SetGeneration(GenerationOf(g));
+             if (!s.ok()) throw py::value_error(s.message());
            })
       .def(
           "set_weights_checkpoint",

@@ -17,18 +17,20 @@
 #include "capsule/bisect/search.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/dtype.h"
-#include "capsule/snapshot/checkpoint.h"
-#include "capsule/snapshot/environment.h"
 #include "capsule/instrument/layer_probe.h"
-#include "capsule/snapshot/rng_state.h"
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/instrument/trigger_rule.h"
+#include "capsule/model/decoder.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/parity.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/extract.h"
 #include "capsule/replay/internal/capsule_inputs.h"
 #include "capsule/replay/internal/diagnosis.h"
 #include "capsule/replay/internal/triage.h"
+#include "capsule/snapshot/checkpoint.h"
+#include "capsule/snapshot/environment.h"
+#include "capsule/snapshot/rng_state.h"
+#include "capsule/snapshot/tensor_codec.h"
 
 namespace capsule {
 
@@ -934,6 +936,25 @@ StatusOr<v1::ReplayReport> ReplayCapsule(const v1::Capsule& c, const ModelRegist
 
 namespace {
 
+// The parity stage, when asked for or the capsule was captured during generation: prefill and
+// chunk from the capsule's generation section unless the options set them.
+Status MaybeRunParity(const v1::Capsule& c, Model& model, const LayerBatch& eval,
+                      const ReplayOptions& options, v1::ReplayReport& report) {
+  if (!options.parity && !c.has_generation()) return Status::Ok();
+  if (!options.parity && dynamic_cast<Decodable*>(&model) == nullptr) {
+    report.add_warnings(
+        "the capsule records a generation step, but the model has no incremental decoder: "
+        "parity not checked");
+    return Status::Ok();
+  }
+  if (options.progress) options.progress("parity: whole sequence against cached decode");
+  ParityOptions parity = options.parity_options;
+  if (parity.prefill == 0) parity.prefill = c.generation().prompt_length();
+  if (parity.chunk == 0) parity.chunk = c.generation().prefill_chunk();
+  CAPSULE_ASSIGN_OR_RETURN(*report.mutable_parity(), RunParity(model, eval, parity));
+  return Status::Ok();
+}
+
 StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry& registry,
                                       const ReplayOptions& options) {
   // An extract holds one layer, not a step: it has its own, single-layer replay.
@@ -1046,7 +1067,9 @@ StatusOr<v1::ReplayReport> ReplayOnce(const v1::Capsule& c, const ModelRegistry&
     }
   }
 
-  // 6. Diagnosis.
+  // 6. Parity of the incremental decode (a generation step, or asked for).
+  CAPSULE_RETURN_IF_ERROR(MaybeRunParity(c, *model, eval, options, report));
+  // 7. Diagnosis.
   internal::Diagnose(report);
   return report;
 }

@@ -42,6 +42,7 @@
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/replay/comparator.h"
 #include "capsule/replay/model_registry.h"
+#include "capsule/replay/parity.h"
 
 namespace capsule::v1 {
 class ReplayReport;
@@ -89,6 +90,12 @@ struct ReplayOptions {
   // divergent layer diverge (ReplayReport.features): a prefix search over the switches in the
   // model's order, ceil(log2 S) + 1 replays for one culprit among S switches.
   bool bisect_features = false;
+  // Parity mode (replay/parity.h) into ReplayReport.parity: the whole sequence on the REFERENCE
+  // path against the model's incremental decoder. It runs when this is set or the capsule has a
+  // generation section, whose prompt_length and prefill_chunk give the prefill and chunk unless
+  // parity_options sets them (nonzero). Its tolerances are parity_options.compare's.
+  bool parity = false;
+  ParityOptions parity_options;
 };
 
 // The oracle's default tolerance for a candidate dtype (docs/TOLERANCES.md has the measurements).

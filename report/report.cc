@@ -16,6 +16,7 @@
 #include "capsule/format/derivation.h"
 #include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/parity.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/proto/report.pb.h"
 #include "capsule/report/internal/text.h"
@@ -243,6 +244,7 @@ ReportReplay ReplayModel(const v1::ReplayReport& r, Limiter& cap) {
     m.warnings.push_back(cap.Text(r.warnings(i), 1024));
   }
   cap.LeftOut(r.warnings_size() - cap.limits.warnings, "replay warnings");
+  if (r.has_parity()) m.parity = std::make_shared<const v1::ParityReport>(r.parity());
   return m;
 }
 

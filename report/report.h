@@ -33,6 +33,7 @@
 
 namespace capsule::v1 {
 class InputTrust;
+class ParityReport;
 class ReplayReport;
 }  // namespace capsule::v1
 
@@ -183,6 +184,9 @@ struct ReportReplay {
   int bisect_probe_bound = 0;
   int bisect_layers = 0;
   std::vector<std::string> warnings;
+  // The replay's parity mode (replay/parity.h), rendered by report/parity_text.h; null when it did
+  // not run.
+  std::shared_ptr<const v1::ParityReport> parity;
 };
 
 struct ReportModel {

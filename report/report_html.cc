@@ -8,6 +8,7 @@
 
 #include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
+#include "capsule/report/internal/parity_section.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"
 
@@ -578,6 +579,7 @@ std::string RenderHtml(const ReportModel& m) {
   History(out, m);
   LayerStats(out, m);
   Divergence(out, m);
+  internal::ParityHtml(out, m);
   Identity(out, m);
   EnvironmentAndPlacement(out, m);
   Batch(out, m);

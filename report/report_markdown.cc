@@ -6,6 +6,7 @@
 #include "capsule/base/printable.h"
 #include "capsule/base/printable_line.h"
 #include "capsule/base/strings.h"
+#include "capsule/report/internal/parity_section.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"
 
@@ -376,6 +377,7 @@ std::string RenderMarkdown(const ReportModel& m) {
       {History, "step history", 3, {}},
       {LayerStats, "layer stats", 4, {}},
       {Divergence, "replay comparison", 2, {}},
+      {internal::ParityMarkdown, "parity", 2, {}},
       {Identity, "identity", 5, {}},
       {EnvironmentAndPlacement, "environment", 6, {}},
       {Batch, "batch", 8, {}},

@@ -497,6 +497,26 @@ void FillLog(const CaptureContext& context, const MonitorOptions& options,
   }
 }
 
+void FillGeneration(const GenerationInfo& g, v1::Generation& out) {
+  out.set_prompt_length(g.prompt_length);
+  out.set_prefill_chunk(g.prefill_chunk);
+  v1::Sampling& s = *out.mutable_sampling();
+  s.set_temperature(g.sampling.temperature);
+  s.set_top_k(g.sampling.top_k);
+  s.set_top_p(g.sampling.top_p);
+  s.set_seed(g.sampling.seed);
+  for (int64_t t : g.sampling.stop_tokens) s.add_stop_tokens(t);
+  v1::KvCache& k = *out.mutable_cache();
+  k.set_layout(g.cache.layout);
+  k.set_dtype(g.cache.dtype);
+  k.set_post_rotation_keys(g.cache.post_rotation_keys);
+  k.set_quant_scale(g.cache.quant_scale);
+  out.set_adapter_merged(g.adapter_merged);
+  out.set_adapter_name(g.adapter_name);
+  out.set_tokenizer_sha256(g.tokenizer_sha256);
+  out.set_template_sha256(g.template_sha256);
+}
+
 }  // namespace
 
 StatusOr<BuiltCapsule> BuildCapsule(const StepSnapshot& snapshot, const ProbeResult* rerun,
@@ -531,6 +551,7 @@ StatusOr<BuiltCapsule> BuildCapsule(const StepSnapshot& snapshot, const ProbeRes
     out.set_kind(e.kind.empty() ? "event" : e.kind);
     out.set_detail(e.detail);
   }
+  if (context.generation) FillGeneration(*context.generation, *c.mutable_generation());
   FillLog(context, options, built.notes, c);
   // Strings from outside (log lines, names, paths, config) that are not UTF-8 would make the
   // capsule invalid, and so lose it: keep them escaped, and say so.

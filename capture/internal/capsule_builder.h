@@ -15,6 +15,7 @@
 #define CAPSULE_CAPTURE_INTERNAL_CAPSULE_BUILDER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +50,7 @@ struct CaptureContext {
   Model* model = nullptr;                // not owned; null: no model, weights or per-layer sections
   PathKind path = PathKind::kOptimized;  // the path the trainer runs (and the re-run ran)
   std::vector<RunEvent> events;          // Monitor::AddEvent, oldest first
+  std::optional<GenerationInfo> generation;  // Monitor::SetGeneration
 };
 
 struct BuiltCapsule {

@@ -461,6 +461,15 @@ class Monitor:
     def add_event(self, step, kind, detail=""):
         self._m.add_event(step, kind, detail)
 
+    def set_generation(self, **fields):
+        """The steps from here on are generation steps (capture/generation.h): every later capsule
+        carries ``generation``, and ``capsule replay`` checks the model's incremental decode
+        against its whole-sequence forward. Fields: prompt_length, prefill_chunk, temperature,
+        top_k, top_p, seed, stop_tokens, cache_layout, cache_dtype, post_rotation_keys,
+        quant_scale, adapter_merged, adapter_name, tokenizer_sha256, template_sha256. No fields:
+        training steps again. ValueError for a field out of range, TypeError for an unknown one."""
+        self._m.set_generation(fields)
+
     def step(self, step, batch, cursor=None, raw_text=(), sample_ids=(), tokens_seen=0):
         """One step (a ``Step``, a context manager). ``batch`` holds the tensors the model consumes
         (as ``LayerBatch``, model/layer_sequence.h: "input_ids" or "inputs", "labels",

@@ -114,6 +114,34 @@ def run_step(net, x, y):
     return ptg.stages(net)[-1][1](net, h, {"labels": y})
 
 
+def test_a_generation_step_capsule_carries_its_generation_section(tmp_path, keys):
+    net, monitor, loader = small_setup(tmp_path, keys)
+    with pytest.raises(ValueError, match="top_p in"):
+        monitor.set_generation(prompt_length=5, top_p=2.0)
+    with pytest.raises(TypeError, match="unknown field 'temprature'"):
+        monitor.set_generation(temprature=0.5)
+    monitor.set_generation(prompt_length=5, prefill_chunk=2, temperature=0.7, top_k=40,
+                           stop_tokens=[10, 13], cache_layout="batch,heads,position,head_dim",
+                           post_rotation_keys=True, adapter_merged=True)
+    x, y, cursor = loader.next()
+    with monitor.step(0, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
+        s.capture_now("generation")
+    out = subprocess.run([CLI, "inspect", s.report["capsule_path"], "--pubkey", str(keys[1]),
+                          "--json"], capture_output=True, text=True)
+    g = json.loads(out.stdout)["generation"]
+    assert g["prompt_length"] == "5" and g["prefill_chunk"] == "2"
+    assert g["sampling"]["top_k"] == 40 and g["sampling"]["stop_tokens"] == ["10", "13"]
+    assert g["cache"]["post_rotation_keys"] and g["adapter_merged"]
+    # Without fields, the steps are training steps again (a step past the rate limit's window).
+    monitor.set_generation()
+    with monitor.step(1000, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
+        s.capture_now("training")
+    assert s.report["capsule_path"], s.report["summary"]
+    out = subprocess.run([CLI, "inspect", s.report["capsule_path"], "--pubkey", str(keys[1]),
+                          "--json"], capture_output=True, text=True)
+    assert "generation" not in json.loads(out.stdout)
+
+
 def test_an_exception_in_the_step_becomes_a_capsule_and_training_goes_on(tmp_path, keys):
     net, monitor, loader = small_setup(tmp_path, keys)
     x, y, cursor = loader.next()

@@ -38,6 +38,24 @@ v1::HealthStats Stats(int64_t numel, double lo, double hi, int64_t nan) {
 
 }  // namespace
 
+void FillGeneration(v1::Generation* gen) {
+  gen->set_prompt_length(3);
+  gen->set_prefill_chunk(2);
+  gen->mutable_sampling()->set_temperature(0.7);
+  gen->mutable_sampling()->set_top_k(40);
+  gen->mutable_sampling()->set_top_p(0.9);
+  gen->mutable_sampling()->set_seed(11);
+  gen->mutable_sampling()->add_stop_tokens(10);
+  gen->mutable_cache()->set_layout("batch,kv_heads,position,head_dim");
+  gen->mutable_cache()->set_dtype("float32");
+  gen->mutable_cache()->set_post_rotation_keys(true);
+  gen->mutable_cache()->set_quant_scale(0.5);
+  gen->set_adapter_merged(true);
+  gen->set_adapter_name("golden-lora");
+  gen->set_tokenizer_sha256(*Sha256Hex("golden tokenizer"));
+  gen->set_template_sha256(*Sha256Hex("golden template"));
+}
+
 void FillDistributed(v1::Distributed* dist, int64_t time_base) {
   dist->set_run_id("run-5f3a9c");
   dist->set_backend("gloo");
@@ -339,6 +357,8 @@ v1::Capsule MakeFullCapsule() {
   ref.set_matches_step(true);
 
   FillDistributed(c.mutable_distributed(), kCreated);
+
+  FillGeneration(c.mutable_generation());
 
   c.mutable_redaction()->set_redacted_unix_micros(0);
   (*c.mutable_annotations())["experiment"] = "golden";

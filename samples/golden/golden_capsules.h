@@ -25,6 +25,8 @@ v1::Capsule MakeFullCapsule();
 // Sets every field of a rank's Distributed section (two collectives, a reduction, a fingerprint,
 // the agreement and a thread position), with times from `time_base` (unix microseconds).
 void FillDistributed(v1::Distributed* dist, int64_t time_base);
+// Sets every field of a Generation section (a generation step's prompt, sampling and cache).
+void FillGeneration(v1::Generation* gen);
 
 // A TensorBlob named `name` holding `values` as float32, with meta and sha256 filled in.
 v1::TensorBlob MakeFloatBlob(const std::string& name, const std::vector<int64_t>& shape,

@@ -10,7 +10,7 @@
 namespace capsule::tiny_gpt {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, const char*>, 18> kKindNames = {{
+constexpr std::array<std::pair<FaultKind, const char*>, 24> kKindNames = {{
     {FaultKind::kNone, "none"},
     {FaultKind::kNan, "nan"},
     {FaultKind::kSoftmaxOverflow, "softmax-overflow"},
@@ -29,13 +29,20 @@ constexpr std::array<std::pair<FaultKind, const char*>, 18> kKindNames = {{
     {FaultKind::kStepOnOverflow, "step-on-overflow"},
     {FaultKind::kClipBeforeUnscale, "clip-before-unscale"},
     {FaultKind::kGeluGrad, "gelu-grad"},
+    {FaultKind::kMaskOffset, "mask-offset"},
+    {FaultKind::kRopeDecode, "rope-decode-position"},
+    {FaultKind::kRerotatedKey, "rerotated-key"},
+    {FaultKind::kGqaDecodeMap, "gqa-decode-map"},
+    {FaultKind::kLeftPadPositions, "left-pad-positions"},
+    {FaultKind::kDropoutInEval, "dropout-in-eval"},
 }};
 
 bool KindNeedsLayer(FaultKind kind) {
   return kind != FaultKind::kNone && kind != FaultKind::kBadData && kind != FaultKind::kBadBatch &&
          kind != FaultKind::kLossSum && kind != FaultKind::kLabelsUnshifted &&
          kind != FaultKind::kPadInLoss && kind != FaultKind::kAccumScale &&
-         kind != FaultKind::kDecayOnNorm && kind != FaultKind::kClipBeforeUnscale;
+         kind != FaultKind::kDecayOnNorm && kind != FaultKind::kClipBeforeUnscale &&
+         kind != FaultKind::kLeftPadPositions;
 }
 
 }  // namespace
@@ -55,7 +62,9 @@ StatusOr<FaultKind> ParseFaultKind(std::string_view name) {
       "tiny_gpt: unknown fault kind '" + std::string(name) +
       "' (use none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
       "loss-sum, labels-unshifted, disconnected, pad-in-loss, accum-scale, frozen-updated, "
-      "decay-on-norm, step-on-overflow, clip-before-unscale or gelu-grad)");
+      "decay-on-norm, step-on-overflow, clip-before-unscale, gelu-grad, mask-offset, "
+      "rope-decode-position, rerotated-key, gqa-decode-map, left-pad-positions or "
+      "dropout-in-eval)");
 }
 
 std::string FaultSpec::ToString() const {

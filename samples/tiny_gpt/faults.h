@@ -27,6 +27,21 @@
 //                     the input ids themselves, not shifted by one (UnshiftLabels)
 //   transient         a NaN like `nan`, but only on the first execution of that one step (a
 //                     simulated hardware fault: re-running the step does not reproduce it)
+// The decode faults live in the incremental decoder (TinyGpt::Decoder) alone, so the training paths
+// are clean and only a parity replay (replay/parity.h) sees them; each needs the config option
+// whose code it breaks:
+//   mask-offset       the block's causal mask ignores the cache: query i of a step sees keys
+//                     j <= i instead of j <= past + i, whenever a step has fewer queries than keys
+//   rope-decode-position  [rope] in a step after the first, the block rotates q and k by the
+//                     position within the step instead of the absolute one
+//   rerotated-key     [rope] the cache stores rotated keys, and the block rotates the whole cache
+//                     again each time it appends to it
+//   gqa-decode-map    [n_kv_heads < n_heads] in steps after the first, query head h reads kv
+//                     head h % n_kv_heads instead of h / (n_heads / n_kv_heads)
+//   left-pad-positions  [pad_mask] no layer: steps after the first number their tokens from the
+//                     cache length, counting the left padding the prompt's position ids skipped
+//   dropout-in-eval   [dropout > 0] the block applies its residual dropout in every step after the
+//                     first although the decoder runs in eval mode
 // The trainer's own faults (train_main.cc), from the step on; the model is unchanged by them:
 //   pad-in-loss       padded positions keep a label (the pad id) and loss mask 1, so padding is
 //                     counted in the loss (the trainer pads its batches with this fault)
@@ -77,12 +92,20 @@ enum class FaultKind {
   kDecayOnNorm,
   kStepOnOverflow,
   kClipBeforeUnscale,
-  kGeluGrad
+  kGeluGrad,
+  kMaskOffset,
+  kRopeDecode,
+  kRerotatedKey,
+  kGqaDecodeMap,
+  kLeftPadPositions,
+  kDropoutInEval
 };
 
 // "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient", "loss-sum",
 // "labels-unshifted", "bad-batch", "disconnected", "pad-in-loss", "accum-scale",
-// "frozen-updated", "decay-on-norm", "step-on-overflow", "clip-before-unscale", "gelu-grad".
+// "frozen-updated", "decay-on-norm", "step-on-overflow", "clip-before-unscale", "gelu-grad",
+// "mask-offset", "rope-decode-position", "rerotated-key", "gqa-decode-map", "left-pad-positions",
+// "dropout-in-eval".
 const char* FaultKindName(FaultKind kind);
 StatusOr<FaultKind> ParseFaultKind(std::string_view name);
 

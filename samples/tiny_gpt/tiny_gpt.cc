@@ -11,19 +11,12 @@
 #include <sstream>
 #include <utility>
 
+#include "samples/tiny_gpt/internal/attention.h"
+#include "samples/tiny_gpt/internal/block.h"
 #include "samples/tiny_gpt/internal/flat_json.h"
 #include "samples/tiny_gpt/ops.h"
 
 namespace capsule::tiny_gpt {
-
-struct TinyGpt::Block {
-  at::Tensor ln1_w, ln1_b;
-  at::Tensor qkv_w, qkv_b;    // [3d, d], [3d]: rows are q, then k, then v
-  at::Tensor proj_w, proj_b;  // [d, d], [d]
-  at::Tensor ln2_w, ln2_b;
-  at::Tensor fc1_w, fc1_b;  // [mlp_mult*d, d]
-  at::Tensor fc2_w, fc2_b;  // [d, mlp_mult*d]
-};
 
 namespace {
 
@@ -50,18 +43,43 @@ at::Tensor Dropout(const at::Tensor& x, double p, const LayerBatch& batch) {
   return x * keep.to(x.scalar_type()) / (1.0 - p);
 }
 
-// [B, T, 3d] -> q, k, v as [B, H, T, d/H].
-std::vector<at::Tensor> SplitHeads(const at::Tensor& qkv, int64_t heads) {
-  const int64_t b = qkv.size(0);
-  const int64_t t = qkv.size(1);
-  const int64_t d = qkv.size(2) / 3;
-  const at::Tensor parts = qkv.view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});
-  return {parts[0], parts[1], parts[2]};
+// The embedding's positional term: the first T rows of the learned table, or with pad_mask the
+// rows of the batch's position ids; none with rope (the blocks rotate q and k instead, and the
+// model has no table).
+at::Tensor AddPositions(const at::Tensor& tokens, const at::Tensor& table, const TinyGptConfig& c,
+                        const LayerBatch& batch) {
+  if (c.rope) return tokens;
+  const int64_t t = tokens.size(1);
+  if (!c.pad_mask || !batch.attention_mask.defined()) return tokens + table.slice(0, 0, t);
+  return tokens +
+         at::embedding(table, internal::PositionIds(batch.attention_mask, tokens.size(0), 0, t));
 }
 
-// [B, H, T, d/H] -> [B, T, d].
-at::Tensor MergeHeads(const at::Tensor& x) {
-  return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
+// A block's attention over a whole sequence before the softmax: the cache's form of k and v
+// ([B, H_kv, T, dh], k rotated), v widened to the query heads, the scores with padded keys hidden,
+// and the position ids (undefined when neither rope nor pad_mask reads them).
+struct SequenceAttention {
+  at::Tensor k, v, v_heads, scores, positions;
+};
+
+SequenceAttention AttentionScores(const at::Tensor& projected, const TinyGptConfig& c,
+                                  const LayerBatch& batch) {
+  internal::Qkv p = internal::SplitQkv(projected, c);
+  const at::Tensor mask = c.pad_mask ? batch.attention_mask : at::Tensor();
+  SequenceAttention out;
+  if (c.rope || mask.defined()) {
+    out.positions = internal::PositionIds(mask, projected.size(0), 0, projected.size(1));
+  }
+  if (c.rope) {
+    p.q = internal::Rope(p.q, out.positions, c);
+    p.k = internal::Rope(p.k, out.positions, c);
+  }
+  out.k = p.k;
+  out.v = p.v;
+  out.v_heads = internal::ExpandKv(p.v, c.n_heads);
+  out.scores = at::matmul(p.q, internal::ExpandKv(p.k, c.n_heads).transpose(-2, -1));
+  if (mask.defined()) out.scores = internal::HidePaddedKeys(out.scores, mask);
+  return out;
 }
 
 // Mean cross-entropy over the positions that have a target: labels != -100 and, when given,
@@ -113,9 +131,9 @@ class TinyGpt::ReferencePath : public LayerSequence {
     CheckSingleInput(inputs, c.layer_name(layer));
     if (layer == 0) {
       CheckTokenIds(inputs[0], c);
-      const int64_t t = inputs[0].size(1);
-      const at::Tensor x = at::embedding(AsDouble(m_.tok_embedding_), inputs[0]) +
-                           AsDouble(m_.pos_embedding_).slice(0, 0, t);
+      const at::Tensor table = c.rope ? at::Tensor() : AsDouble(m_.pos_embedding_);
+      const at::Tensor x =
+          AddPositions(at::embedding(AsDouble(m_.tok_embedding_), inputs[0]), table, c, batch);
       return {Dropout(x, c.dropout, batch)};
     }
     const at::Tensor x = inputs[0].to(at::kDouble);
@@ -138,13 +156,12 @@ class TinyGpt::ReferencePath : public LayerSequence {
 
     const at::Tensor h =
         ReferenceLayerNorm(x, AsDouble(p.ln1_w), AsDouble(p.ln1_b), c.layer_norm_eps);
-    const std::vector<at::Tensor> qkv =
-        SplitHeads(at::linear(h, AsDouble(p.qkv_w), AsDouble(p.qkv_b)), c.n_heads);
-    const at::Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1));
-    const at::Tensor attn = at::matmul(ReferenceCausalSoftmax(scores, head_scale * gain), qkv[2]);
+    const SequenceAttention a = Scores(p, h, batch);
+    const at::Tensor attn =
+        at::matmul(ReferenceCausalSoftmax(a.scores, head_scale * gain), a.v_heads);
     const at::Tensor y =
-        x + Dropout(at::linear(MergeHeads(attn), AsDouble(p.proj_w), AsDouble(p.proj_b)), c.dropout,
-                    batch);
+        x + Dropout(at::linear(internal::MergeHeads(attn), AsDouble(p.proj_w), AsDouble(p.proj_b)),
+                    c.dropout, batch);
 
     const at::Tensor h2 =
         ReferenceLayerNorm(y, AsDouble(p.ln2_w), AsDouble(p.ln2_b), c.layer_norm_eps);
@@ -153,6 +170,37 @@ class TinyGpt::ReferencePath : public LayerSequence {
                    AsDouble(p.fc2_w), AsDouble(p.fc2_b));
     const bool cut = m_.FaultActive(FaultKind::kDisconnected, layer);
     return y + Dropout(cut ? mlp.detach() : mlp, c.dropout, batch);
+  }
+
+ public:
+  // What layer i caches when the whole sequence runs at once, and the block's attention weights
+  // (IncrementalDecoder::ReferenceTrace), in eval mode.
+  std::vector<NamedTensor> Trace(size_t i, const TensorList& inputs, const LayerBatch& batch) {
+    const TinyGptConfig& c = m_.config_;
+    const int64_t layer = static_cast<int64_t>(i);
+    CheckSingleInput(inputs, c.layer_name(layer));
+    const at::Tensor mask = c.pad_mask ? batch.attention_mask : at::Tensor();
+    if (layer == 0) {
+      return {{"pos", internal::PositionIds(mask, inputs[0].size(0), 0, inputs[0].size(1))}};
+    }
+    if (layer > c.n_layers) return {};
+    const TinyGpt::Block& p = m_.blocks_[layer - 1];
+    const at::Tensor x = inputs[0].to(at::kDouble);
+    const at::Tensor h =
+        ReferenceLayerNorm(x, AsDouble(p.ln1_w), AsDouble(p.ln1_b), c.layer_norm_eps);
+    const SequenceAttention a = Scores(p, h, batch);
+    const double head_scale = 1.0 / std::sqrt(static_cast<double>(c.d_model / c.n_heads));
+    const at::Tensor positions =
+        a.positions.defined() ? a.positions : internal::PositionIds(mask, x.size(0), 0, x.size(1));
+    return {{"pos", positions},
+            {"k", a.k},
+            {"v", a.v},
+            {"attn", ReferenceCausalSoftmax(a.scores, head_scale)}};
+  }
+
+ private:
+  SequenceAttention Scores(const TinyGpt::Block& p, const at::Tensor& h, const LayerBatch& batch) {
+    return AttentionScores(at::linear(h, AsDouble(p.qkv_w), AsDouble(p.qkv_b)), m_.config_, batch);
   }
 
   TinyGpt& m_;
@@ -188,10 +236,9 @@ class TinyGpt::OptimizedPath : public LayerSequence {
 
     if (layer == 0) {
       CheckTokenIds(inputs[0], c);
-      const int64_t t = inputs[0].size(1);
-      const at::Tensor x =
-          Dropout(at::embedding(m_.tok_embedding_, inputs[0]) + m_.pos_embedding_.slice(0, 0, t),
-                  c.dropout, batch);
+      const at::Tensor x = Dropout(
+          AddPositions(at::embedding(m_.tok_embedding_, inputs[0]), m_.pos_embedding_, c, batch),
+          c.dropout, batch);
       return {poison ? WriteNanAtFirst(x) : x};
     }
     const at::Tensor x = inputs[0].to(at::kFloat);
@@ -239,11 +286,11 @@ class TinyGpt::OptimizedPath : public LayerSequence {
     gelu_defects.wrong_grad = m_.FaultActive(FaultKind::kGeluGrad, layer);
 
     const at::Tensor h = LayerNorm(x, p.ln1_w, p.ln1_b, eps, {});
-    const std::vector<at::Tensor> qkv = SplitHeads(at::linear(h, p.qkv_w, p.qkv_b), c.n_heads);
-    const at::Tensor scores = at::matmul(qkv[0], qkv[1].transpose(-2, -1));
-    const at::Tensor attn = at::matmul(Softmax(scores, head_scale * gain, softmax_defects), qkv[2]);
+    const SequenceAttention a = AttentionScores(at::linear(h, p.qkv_w, p.qkv_b), c, batch);
+    const at::Tensor attn =
+        at::matmul(Softmax(a.scores, head_scale * gain, softmax_defects), a.v_heads);
     const at::Tensor y =
-        x + Dropout(at::linear(MergeHeads(attn), p.proj_w, p.proj_b), c.dropout, batch);
+        x + Dropout(at::linear(internal::MergeHeads(attn), p.proj_w, p.proj_b), c.dropout, batch);
 
     const at::Tensor h2 = LayerNorm(y, p.ln2_w, p.ln2_b, eps, {});
     const at::Tensor mlp =
@@ -324,17 +371,22 @@ TinyGpt::TinyGpt(const TinyGptConfig& config) : config_(config) {
   };
 
   tok_embedding_ = normal({c.vocab_size, d}, 0.02);
-  pos_embedding_ = normal({c.seq_len, d}, 0.02);
   add(0, "embed.tok", tok_embedding_);
-  add(0, "embed.pos", pos_embedding_);
+  // With rope the blocks rotate q and k instead: a learned table would be a parameter the loss
+  // never reaches.
+  if (!c.rope) {
+    pos_embedding_ = normal({c.seq_len, d}, 0.02);
+    add(0, "embed.pos", pos_embedding_);
+  }
 
   blocks_.resize(c.n_layers);
   for (int64_t b = 0; b < c.n_layers; ++b) {
     Block& p = blocks_[b];
     p.ln1_w = ones({d});
     p.ln1_b = zeros({d});
-    p.qkv_w = normal({3 * d, d}, 0.02);
-    p.qkv_b = zeros({3 * d});
+    const int64_t qkv_rows = d + 2 * c.kv_heads() * (d / c.n_heads);
+    p.qkv_w = normal({qkv_rows, d}, 0.02);
+    p.qkv_b = zeros({qkv_rows});
     p.proj_w = normal({d, d}, residual_std);
     p.proj_b = zeros({d});
     p.ln2_w = ones({d});
@@ -368,9 +420,15 @@ TinyGpt::TinyGpt(const TinyGptConfig& config) : config_(config) {
 
   reference_ = std::make_unique<ReferencePath>(this);
   optimized_ = std::make_unique<OptimizedPath>(this);
+  decoder_ = MakeDecodePath();
 }
 
 TinyGpt::~TinyGpt() = default;
+
+std::vector<NamedTensor> TinyGpt::ReferenceTrace(size_t i, const TensorList& inputs,
+                                                 const LayerBatch& batch) {
+  return reference_->Trace(i, inputs, batch);
+}
 
 LayerSequence& TinyGpt::Path(PathKind kind) {
   if (kind == PathKind::kReference) return *reference_;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "capsule/base/status.h"
+#include "capsule/model/decoder.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
 #include "samples/tiny_gpt/faults.h"
@@ -41,7 +42,7 @@ namespace capsule::tiny_gpt {
 // The name tiny_gpt is registered under in the model registry (ModelSpecInfo::registry_name).
 inline constexpr char kRegistryName[] = "tiny_gpt";
 
-class TinyGpt : public Model {
+class TinyGpt : public Model, public Decodable {
  public:
   // Builds a model with deterministic initial weights drawn from config.seed. kInvalidArgument when
   // the config does not validate.
@@ -57,7 +58,11 @@ class TinyGpt : public Model {
   TinyGpt& operator=(const TinyGpt&) = delete;
 
   LayerSequence& Path(PathKind kind) override;
-  // In module order: embed.tok, embed.pos, blocks.0.ln1.weight, ..., ln_f.bias, lm_head.weight.
+  // The incremental decoder (model/decoder.h): the OPTIMIZED path's FP32 kernels run over a
+  // key/value cache, in eval mode. The decode faults (faults.h) live here alone.
+  IncrementalDecoder& Decoder() override;
+  // In module order: embed.tok, embed.pos (not with rope), blocks.0.ln1.weight, ..., ln_f.bias,
+  // lm_head.weight.
   std::vector<NamedTensor> NamedParameters() const override;
   // {"tiny_gpt", config JSON plus "step" and "fault_armed"}.
   ModelSpecInfo Spec() const override;
@@ -95,6 +100,7 @@ class TinyGpt : public Model {
  private:
   class ReferencePath;
   class OptimizedPath;
+  class DecodePath;
   struct Block;
 
   explicit TinyGpt(const TinyGptConfig& config);
@@ -105,6 +111,10 @@ class TinyGpt : public Model {
   bool FaultFires(FaultKind kind, int64_t layer);
   // A fault of the objective (loss-sum), which has no layer: active from its step on.
   bool ObjectiveFaultActive(FaultKind kind) const;
+  // The REFERENCE path's cache and attention weights for layer i (IncrementalDecoder).
+  std::vector<NamedTensor> ReferenceTrace(size_t i, const TensorList& inputs,
+                                          const LayerBatch& batch);
+  std::unique_ptr<IncrementalDecoder> MakeDecodePath();
 
   TinyGptConfig config_;
   int64_t step_ = 0;
@@ -114,7 +124,7 @@ class TinyGpt : public Model {
   bool fused_gelu_ = true;
 
   at::Tensor tok_embedding_;  // [vocab, d]
-  at::Tensor pos_embedding_;  // [seq_len, d]
+  at::Tensor pos_embedding_;  // [seq_len, d]; undefined with rope
   std::vector<Block> blocks_;
   at::Tensor ln_f_weight_, ln_f_bias_;
   at::Tensor lm_head_weight_;  // [vocab, d]
@@ -123,6 +133,7 @@ class TinyGpt : public Model {
   std::vector<std::vector<NamedTensor>> layer_params_;  // per LayerSequence index
   std::unique_ptr<ReferencePath> reference_;
   std::unique_ptr<OptimizedPath> optimized_;
+  std::unique_ptr<IncrementalDecoder> decoder_;
 };
 
 }  // namespace capsule::tiny_gpt

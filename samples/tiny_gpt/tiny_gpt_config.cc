@@ -67,6 +67,7 @@ Status TinyGptConfig::Validate() const {
   if (!(dropout >= 0.0 && dropout < 1.0)) return ConfigError("dropout must be in [0, 1)");
   if (!(layer_norm_eps > 0.0)) return ConfigError("layer_norm_eps must be > 0");
   if (fault.from_step < 0) return ConfigError("fault_from_step must be >= 0");
+  CAPSULE_RETURN_IF_ERROR(ValidateInference());
 
   const std::string& layer = fault.layer;
   const std::string kind = FaultKindName(fault.kind);
@@ -100,6 +101,13 @@ Status TinyGptConfig::Validate() const {
                            std::to_string(n_layers - 1) + "), got '" + layer + "'");
       }
       return Status::Ok();
+    case FaultKind::kMaskOffset:
+    case FaultKind::kRopeDecode:
+    case FaultKind::kRerotatedKey:
+    case FaultKind::kGqaDecodeMap:
+    case FaultKind::kDropoutInEval:
+    case FaultKind::kLeftPadPositions:
+      return ValidateDecodeFault();
     case FaultKind::kEps:
       if (layer != "ln_f" && (!IsBlock(layer) || layer_index(layer) < 0)) {
         return ConfigError("fault eps needs a layer with a layer norm (blocks.N or ln_f), got '" +
@@ -108,6 +116,41 @@ Status TinyGptConfig::Validate() const {
       return Status::Ok();
   }
   return ConfigError("unknown fault kind");
+}
+
+Status TinyGptConfig::ValidateInference() const {
+  if (n_kv_heads < 0 || n_heads % kv_heads() != 0) {
+    return ConfigError("n_kv_heads (" + std::to_string(n_kv_heads) + ") must divide n_heads (" +
+                       std::to_string(n_heads) + "); 0 means n_heads");
+  }
+  if (rope && (d_model / n_heads) % 2 != 0) {
+    return ConfigError("rope needs an even head width, got " + std::to_string(d_model / n_heads));
+  }
+  if (!(rope_base > 1.0)) return ConfigError("rope_base must be > 1");
+  if (!(rope_scale > 0.0)) return ConfigError("rope_scale must be > 0");
+  return Status::Ok();
+}
+
+// The decode faults live in the incremental decoder; each needs the option whose code it breaks.
+Status TinyGptConfig::ValidateDecodeFault() const {
+  const std::string kind = FaultKindName(fault.kind);
+  if (fault.kind == FaultKind::kLeftPadPositions) {
+    return pad_mask ? Status::Ok() : ConfigError("fault " + kind + " needs pad_mask");
+  }
+  if (!IsBlock(fault.layer) || layer_index(fault.layer) < 0) {
+    return ConfigError("fault " + kind + " needs a block layer (blocks.0-" +
+                       std::to_string(n_layers - 1) + "), got '" + fault.layer + "'");
+  }
+  const bool rope_fault =
+      fault.kind == FaultKind::kRopeDecode || fault.kind == FaultKind::kRerotatedKey;
+  if (rope_fault && !rope) return ConfigError("fault " + kind + " needs rope");
+  if (fault.kind == FaultKind::kGqaDecodeMap && kv_heads() == n_heads) {
+    return ConfigError("fault " + kind + " needs n_kv_heads < n_heads");
+  }
+  if (fault.kind == FaultKind::kDropoutInEval && !(dropout > 0.0)) {
+    return ConfigError("fault " + kind + " needs dropout > 0");
+  }
+  return Status::Ok();
 }
 
 std::string TinyGptConfig::ToJson() const {
@@ -124,6 +167,12 @@ std::string TinyGptConfig::ToJson() const {
   w.Add("fault", std::string(FaultKindName(fault.kind)));
   w.Add("fault_layer", fault.layer);
   w.Add("fault_from_step", fault.from_step);
+  const TinyGptConfig defaults;
+  if (rope) w.Add("rope", rope);
+  if (rope_base != defaults.rope_base) w.Add("rope_base", rope_base);
+  if (rope_scale != defaults.rope_scale) w.Add("rope_scale", rope_scale);
+  if (n_kv_heads != defaults.n_kv_heads) w.Add("n_kv_heads", n_kv_heads);
+  if (pad_mask) w.Add("pad_mask", pad_mask);
   return w.Finish();
 }
 
@@ -132,7 +181,8 @@ StatusOr<TinyGptConfig> TinyGptConfig::FromJson(std::string_view json) {
   static const std::set<std::string> kKnown = {
       "vocab_size",  "d_model",         "n_heads",        "n_layers",    "seq_len",
       "mlp_mult",    "dropout",         "layer_norm_eps", "seed",        "fault",
-      "fault_layer", "fault_from_step", "step",           "fault_armed", "disabled_features"};
+      "fault_layer", "fault_from_step", "step",           "fault_armed", "disabled_features",
+      "rope",        "rope_base",       "rope_scale",     "n_kv_heads",  "pad_mask"};
   for (const auto& [key, value] : obj) {
     if (kKnown.count(key) == 0) return ConfigError("unknown key \"" + key + "\"");
   }
@@ -153,6 +203,11 @@ StatusOr<TinyGptConfig> TinyGptConfig::FromJson(std::string_view json) {
   CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "fault_layer", internal::GetString, &c.fault.layer));
   CAPSULE_RETURN_IF_ERROR(
       ReadOptional(obj, "fault_from_step", internal::GetInt, &c.fault.from_step));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "rope", internal::GetBool, &c.rope));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "rope_base", internal::GetDouble, &c.rope_base));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "rope_scale", internal::GetDouble, &c.rope_scale));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "n_kv_heads", internal::GetInt, &c.n_kv_heads));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "pad_mask", internal::GetBool, &c.pad_mask));
   CAPSULE_RETURN_IF_ERROR(c.Validate());
   return c;
 }

@@ -33,6 +33,17 @@ struct TinyGptConfig {
   double layer_norm_eps = 1e-5;
   uint64_t seed = 0;  // initial weights; JSON keeps it exact up to 2^64 - 1
   FaultSpec fault;    // injected fault (kind none by default)
+  // Inference options, all off by default (ToJson writes them only when set, so the configs of
+  // earlier capsules stay byte for byte what they were):
+  bool rope = false;  // rotary position embeddings on q and k instead of the learned table
+  double rope_base = 10000.0;
+  double rope_scale = 1.0;  // linear position interpolation: angles use position / rope_scale
+  int64_t n_kv_heads = 0;   // key/value heads (grouped-query attention); 0: n_heads
+  // Reads LayerBatch::attention_mask (and DecodeStep's): padded keys are hidden and position ids
+  // count real tokens only, so a left-padded prompt sees the positions an unpadded one does.
+  bool pad_mask = false;
+
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
 
   // kInvalidArgument when a field is out of range or the fault names a layer the model lacks or
   // where that kind has no effect.
@@ -52,6 +63,10 @@ struct TinyGptConfig {
   std::string layer_name(int64_t i) const;
   // The index of a layer name, or -1.
   int64_t layer_index(std::string_view name) const;
+
+ private:
+  Status ValidateInference() const;
+  Status ValidateDecodeFault() const;
 };
 
 }  // namespace capsule::tiny_gpt

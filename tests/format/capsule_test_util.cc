@@ -398,6 +398,7 @@ v1::Capsule MakeFullCapsule() {
   event->set_detail("code share 10% -> 20%");
 
   golden::FillDistributed(c.mutable_distributed(), 1700000000000000);
+  golden::FillGeneration(c.mutable_generation());
 
   c.add_capture_notes("data.sequences[1]: raw sample is not valid UTF-8; stored in raw_bytes");
   (*c.mutable_annotations())["experiment"] = "exp-42";
