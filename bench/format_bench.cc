@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/proto/capsule.pb.h"

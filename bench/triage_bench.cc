@@ -19,7 +19,7 @@
 #include "capsule/capture/monitor.h"
 #include "capsule/capture/optimizer_probe.h"
 #include "capsule/format/capsule_reader.h"
-#include "capsule/instrument/layer_probe.h"
+#include "capsule/instrument/internal/layer_probe.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/capsule_inputs.h"

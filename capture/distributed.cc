@@ -23,8 +23,8 @@
 
 #include "capsule/format/dtype.h"
 #include "capsule/instrument/health_stats.h"
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 
 namespace capsule {
 namespace {

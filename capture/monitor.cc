@@ -13,17 +13,17 @@
 #include <mutex>
 #include <set>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/capture/distributed.h"
 #include "capsule/capture/internal/background_writer.h"
 #include "capsule/capture/internal/capsule_builder.h"
 #include "capsule/capture/internal/capture_writer.h"
 #include "capsule/capture/internal/rerun_guard.h"
 #include "capsule/capture/internal/step_snapshot.h"
-#include "capsule/snapshot/hashing.h"
-#include "capsule/instrument/layer_probe.h"
-#include "capsule/snapshot/rng_state.h"
+#include "capsule/instrument/internal/layer_probe.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/snapshot/hashing.h"
+#include "capsule/snapshot/rng_state.h"
 
 namespace capsule {
 

@@ -41,9 +41,9 @@
 #include "capsule/format/capsule_fwd.h"
 #include "capsule/format/signing.h"
 #include "capsule/format/validate.h"
+#include "capsule/instrument/trigger_rule.h"
 #include "capsule/model/layer_sequence.h"
 #include "capsule/model/model.h"
-#include "capsule/instrument/trigger_rule.h"
 
 namespace capsule {
 namespace internal {

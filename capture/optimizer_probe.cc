@@ -11,8 +11,8 @@
 #include <map>
 #include <tuple>
 
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule {
 

@@ -6,7 +6,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 #include "capsule/checkpoint/internal/pickle_machine.h"
 #include "capsule/checkpoint/internal/zip_directory.h"
 

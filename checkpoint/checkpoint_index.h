@@ -8,8 +8,8 @@
 // types, torch.jit._pickle's type tags), and reads a TorchScript module archive (torch.jit.save,
 // torch::serialize::OutputArchive) as the attributes its data.pkl stores, never its code. Every
 // count, size, offset and stride is checked against the bytes there are before anything is
-// allocated for it. Pure over bytes and torch-free; snapshot/checkpoint.h turns an index into tensors.
-// The subset read is documented in proto/FORMAT.md ("Checkpoints").
+// allocated for it. Pure over bytes and torch-free; snapshot/checkpoint.h turns an index into
+// tensors. The subset read is documented in proto/FORMAT.md ("Checkpoints").
 //
 //   CAPSULE_ASSIGN_OR_RETURN(capsule::CheckpointIndex index,
 //                            capsule::ReadCheckpointIndex(capsule::MemorySource(bytes)));

@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/printable.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/command.h"
 #include "capsule/format/capsule_writer.h"

@@ -2,9 +2,9 @@
 
 #include <iostream>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/printable.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"

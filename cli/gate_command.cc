@@ -7,8 +7,8 @@
 #include <iostream>
 #include <memory>
 
-#include "capsule/base/printable_line.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable_line.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"

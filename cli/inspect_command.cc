@@ -3,9 +3,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/sha256.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/sha256.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/capsule_reader.h"

@@ -2,7 +2,7 @@
 
 #include <iostream>
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
 #include "capsule/format/signing.h"

@@ -7,8 +7,8 @@
 #include <iostream>
 #include <memory>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/printable_line.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/printable_line.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"

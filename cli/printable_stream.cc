@@ -7,7 +7,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 
 namespace capsule::cli {
 

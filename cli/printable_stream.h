@@ -2,16 +2,16 @@
 // Internal to the CLI.
 //
 // PrintableStreams swaps the stream buffers of std::cout and std::cerr for filters that pass
-// everything written through Printable(..., LineBreaks::kKeep) (base/printable.h) on its way out,
-// so no control sequence from a capsule or a file name reaches the terminal raw, whichever code
-// printed it. Line breaks pass: the filter sees bytes, and a break the command lays out looks
+// everything written through Printable(..., LineBreaks::kKeep) (base/internal/printable.h) on its
+// way out, so no control sequence from a capsule or a file name reaches the terminal raw, whichever
+// code printed it. Line breaks pass: the filter sees bytes, and a break the command lays out looks
 // like one inside a field. What keeps a field on its line is how the line is written: through
-// PrintableLine (base/printable_line.h), or by a renderer that escapes each field (report/).
-// Finish() flushes both and reports a failed write to standard output ("write error: standard
-// output: No space left on device"), which the command turns into exit status 2. While they are
-// installed SIGPIPE is ignored, so a pipe whose reader went away (`capsule report FILE | head -c
-// 10`) is such a write error ("Broken pipe", exit 2) instead of a silent death by signal (exit
-// 141).
+// PrintableLine (base/internal/printable_line.h), or by a renderer that escapes each field
+// (report/). Finish() flushes both and reports a failed write to standard output ("write error:
+// standard output: No space left on device"), which the command turns into exit status 2. While
+// they are installed SIGPIPE is ignored, so a pipe whose reader went away (`capsule report FILE |
+// head -c 10`) is such a write error ("Broken pipe", exit 2) instead of a silent death by signal
+// (exit 141).
 #ifndef CAPSULE_CLI_PRINTABLE_STREAM_H_
 #define CAPSULE_CLI_PRINTABLE_STREAM_H_
 

@@ -5,10 +5,10 @@
 #include <iostream>
 #include <sstream>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/printable_line.h"
-#include "capsule/base/sha256.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/printable_line.h"
+#include "capsule/base/internal/sha256.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"

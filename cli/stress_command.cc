@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/printable_line.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable_line.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
 #include "capsule/cli/printable_stream.h"

@@ -8,11 +8,11 @@
 
 #include "capsule/cli/cli.h"
 #include "capsule/cli/common.h"
-#include "capsule/snapshot/environment.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/model_registry.h"
 #include "capsule/replay/plugin_loader.h"
 #include "capsule/report/replay_tool.h"
+#include "capsule/snapshot/internal/environment.h"
 
 namespace capsule::cli {
 

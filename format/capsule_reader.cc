@@ -6,7 +6,7 @@
 #include <climits>
 #include <memory>
 
-#include "capsule/base/file_util.h"
+#include "capsule/base/internal/file_util.h"
 #include "capsule/format/derivation.h"
 #include "capsule/format/internal/wire_limits.h"
 #include "capsule/format/internal/zstd_codec.h"

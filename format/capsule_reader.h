@@ -17,7 +17,7 @@
 //   kUnauthenticated    unsigned (unless allowed), untrusted key (unless allowed), bad signature,
 //                       an invalid signer key (a small-order point), made from an unsigned or
 //                       untrusted capsule (unless allowed as those would be)
-//   kInternal           SHA-256 or Ed25519 could not be computed (OpenSSL; base/sha256.h)
+//   kInternal           SHA-256 or Ed25519 could not be computed (OpenSSL; base/internal/sha256.h)
 //   kResourceExhausted  over one of the limits in ReadOptions
 //
 // The limits bound what opening a capsule from a stranger costs: a small multiple of what a

@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "capsule/base/byte_buffer.h"
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/byte_buffer.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
 #include "capsule/format/internal/wire_limits.h"

@@ -47,7 +47,7 @@ struct WriteOptions {
   bool verify_tensor_digests = true;
   // WriteCapsuleFile only: replace an existing regular file at PATH. Off by default, so a capsule
   // is never lost to a later one of the same name (kAlreadyExists instead); a target that is not
-  // a regular file is refused either way (base/file_util.h).
+  // a regular file is refused either way (base/internal/file_util.h).
   bool overwrite = false;
   // Tensor bytes held outside the message (validate.h, TensorDataViews): each non-empty entry is
   // written as that TensorBlob's data, straight from where it lies, so a capture of a model's

@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {

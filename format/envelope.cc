@@ -3,8 +3,8 @@
 #include <cstring>
 #include <optional>
 
-#include "capsule/base/little_endian.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/little_endian.h"
+#include "capsule/base/internal/sha256.h"
 
 namespace capsule {
 using internal::LoadLe16;

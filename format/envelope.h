@@ -117,7 +117,7 @@ struct OpenedEnvelope {
 StatusOr<OpenedEnvelope> OpenEnvelope(std::string_view file, const OpenOptions& options);
 
 // domain tag ‖ header bytes ‖ SHA-256(payload): what the digest hashes and Ed25519 signs.
-// kInternal when SHA-256 cannot be computed (base/sha256.h).
+// kInternal when SHA-256 cannot be computed (base/internal/sha256.h).
 StatusOr<std::string> SignedMessage(std::string_view header_bytes, std::string_view payload);
 
 }  // namespace capsule

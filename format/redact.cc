@@ -8,7 +8,7 @@
 #include <string_view>
 #include <utility>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule {

@@ -76,7 +76,7 @@ std::string JoinRedactItemNames(std::string_view separator);
 Status ParseRedactItems(std::string_view list, RedactOptions* options);
 
 // Lowercase hex SHA-256 of the ids as little-endian int64s: Sequence.token_ids_sha256.
-// kInternal when SHA-256 cannot be computed (base/sha256.h).
+// kInternal when SHA-256 cannot be computed (base/internal/sha256.h).
 StatusOr<std::string> TokenIdsSha256(const std::vector<int64_t>& ids);
 
 Status RedactCapsule(v1::Capsule* capsule, const RedactOptions& options);

@@ -13,8 +13,8 @@
 #include <cstring>
 #include <memory>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/sha256.h"
 
 namespace capsule {
 namespace {

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/derivation.h"
 #include "capsule/format/dtype.h"
 #include "capsule/proto/capsule.pb.h"

@@ -53,9 +53,9 @@ Status ValidateCapsule(const v1::Capsule& capsule, const ValidateOptions& option
 Status CheckTensorDataViews(const v1::Capsule& capsule, const TensorDataViews* views);
 
 // For a writer given text from outside (log lines, names, paths): replaces each string field, at
-// any depth, that is not valid UTF-8 with EscapeInvalidUtf8 of it (base/printable.h), so that the
-// capsule stays valid, and returns one note per field changed ("log.lines[3]: not valid UTF-8;
-// 2 bytes stored as \xNN escapes"). Raw sample bytes have a lossless home of their own
+// any depth, that is not valid UTF-8 with EscapeInvalidUtf8 of it (base/internal/printable.h), so
+// that the capsule stays valid, and returns one note per field changed ("log.lines[3]: not valid
+// UTF-8; 2 bytes stored as \xNN escapes"). Raw sample bytes have a lossless home of their own
 // (Sequence.raw_bytes); use it before calling this.
 std::vector<std::string> MakeStringsUtf8(v1::Capsule* capsule);
 

@@ -20,8 +20,9 @@
 // value and every layer's forward statistics have the same bits, REPRODUCED_APPROX otherwise).
 //
 //   CAPSULE_ASSIGN_OR_RETURN(capsule::ProbeResult r, capsule::ProbeStep(seq, batch, {}));
-//   const capsule::RerunOutcome rerun = capsule::RerunOutcomeOf(r);   // instrument/layer_probe.h
-//   const bool again = capsule::TriggerFiresAgain(kind, observed, threshold, rerun);
+//   const capsule::RerunOutcome rerun = capsule::RerunOutcomeOf(r);   //
+//   instrument/internal/layer_probe.h const bool again = capsule::TriggerFiresAgain(kind, observed,
+//   threshold, rerun);
 //
 // Thread safety: pure functions.
 #ifndef CAPSULE_INSTRUMENT_TRIGGER_RULE_H_

@@ -12,10 +12,10 @@
 
 #include <string>
 
-#include "capsule/snapshot/environment.h"
 #include "capsule/python/py_cli.h"
 #include "capsule/python/py_model.h"
 #include "capsule/python/py_monitor.h"
+#include "capsule/snapshot/internal/environment.h"
 
 namespace py = pybind11;
 

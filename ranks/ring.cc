@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/ranks/internal/analysis.h"
 
 namespace capsule::ranks {

@@ -4,7 +4,7 @@
 #include <limits>
 #include <tuple>
 
-#include "capsule/base/shell.h"
+#include "capsule/base/internal/shell.h"
 #include "capsule/ranks/internal/analysis.h"
 
 namespace capsule {

@@ -20,8 +20,8 @@
 //
 // The analysis reads only the decoded messages: it needs neither LibTorch nor the files. Every
 // string it copies from a capsule or a path into the result is escaped and cut (PrintableShort,
-// base/printable.h), so the text and the JSON are safe to print. Its work and its result are
-// bounded by the capsules given, never by what they claim: a world size of 2^31 - 1 costs what
+// base/internal/printable.h), so the text and the JSON are safe to print. Its work and its result
+// are bounded by the capsules given, never by what they claim: a world size of 2^31 - 1 costs what
 // the ranks present cost (the missing ones are ranges), and sequence numbers far apart cost what
 // the entries present cost.
 //

@@ -2,7 +2,7 @@
 // was meant; the declared objective and divisor where the norms cannot tell.
 #include <cmath>
 
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/ranks/internal/analysis.h"
 
 namespace capsule::ranks {

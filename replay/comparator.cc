@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/strings.h"
 
 namespace capsule {
 

@@ -8,13 +8,13 @@
 #include <map>
 #include <set>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/version.h"
-#include "capsule/snapshot/environment.h"
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/capsule_inputs.h"
+#include "capsule/snapshot/internal/environment.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule {
 namespace {

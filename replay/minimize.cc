@@ -8,9 +8,9 @@
 #include <map>
 #include <set>
 
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule {
 namespace {

@@ -12,12 +12,12 @@
 #include <map>
 #include <set>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/bisect/search.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/dtype.h"
-#include "capsule/instrument/layer_probe.h"
+#include "capsule/instrument/internal/layer_probe.h"
 #include "capsule/instrument/trigger_rule.h"
 #include "capsule/model/decoder.h"
 #include "capsule/proto/capsule.pb.h"
@@ -28,9 +28,9 @@
 #include "capsule/replay/internal/diagnosis.h"
 #include "capsule/replay/internal/triage.h"
 #include "capsule/snapshot/checkpoint.h"
-#include "capsule/snapshot/environment.h"
+#include "capsule/snapshot/internal/environment.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 #include "capsule/snapshot/rng_state.h"
-#include "capsule/snapshot/tensor_codec.h"
 
 namespace capsule {
 

@@ -7,9 +7,9 @@
 #include <set>
 #include <sstream>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/sha256.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/sha256.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/report.pb.h"

@@ -43,8 +43,8 @@ inline constexpr size_t kMaxDiffTableRows = 200;
 inline constexpr size_t kMaxDiffJsonRows = 10000;
 
 // A table with columns SECTION KEY A B NOTE, or "equivalent" when `diff` is empty. Each cell is
-// cut to 64 bytes and made Printable (base/printable.h), so untrusted text can neither move the
-// cursor nor reorder the line.
+// cut to 64 bytes and made Printable (base/internal/printable.h), so untrusted text can neither
+// move the cursor nor reorder the line.
 std::string RenderDiffTable(const std::vector<CapsuleDifference>& diff);
 // A capsule.v1.CapsuleDiff (proto/report.proto) in protobuf's JSON mapping:
 // {"equivalent":bool,"differences":[{"section","key","a","b","note"}...]}, with how far each

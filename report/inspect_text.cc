@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <sstream>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/sha256.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/sha256.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/format/derivation.h"
 #include "capsule/proto/capsule.pb.h"
 

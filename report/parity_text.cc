@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/proto/parity.pb.h"
 #include "capsule/report/internal/text.h"
 

@@ -1,6 +1,6 @@
 #include "capsule/report/replay_text.h"
 
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/proto/replay_report.pb.h"
 
 namespace capsule {

@@ -1,7 +1,8 @@
 // How a capsule is replayed: the command that can run its model. A capsule written by a C++
 // trainer replays with `capsule` and the model's plugin; one written from the Python package
-// (its environment lists "python", snapshot/environment.h) with `python3 -P -m capsule` and the
-// factory that rebuilds the model. Reports, triage and replay's own "replay:" line print it.
+// (its environment lists "python", snapshot/internal/environment.h) with `python3 -P -m capsule`
+// and the factory that rebuilds the model. Reports, triage and replay's own "replay:" line print
+// it.
 //
 //   const ReplayTool tool = ReplayToolFor(capsule);
 //   std::cout << tool.program << " replay " << file << " " << tool.model_args << "\n";

@@ -9,10 +9,10 @@
 #include <map>
 #include <sstream>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/sha256.h"
-#include "capsule/base/shell.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/sha256.h"
+#include "capsule/base/internal/shell.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/format/derivation.h"
 #include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
@@ -475,7 +475,7 @@ void Summarize(ReportModel* m) {
 void FillCommands(const v1::Capsule& c, const EnvelopeInfo& envelope, ReportModel* m) {
   const std::string trust =
       envelope.signature == SignatureState::kUnsigned ? "--allow-unsigned" : "--pubkey SIGNER.pub";
-  // A name a shell could not be given as typed is shown escaped (base/printable.h).
+  // A name a shell could not be given as typed is shown escaped (base/internal/printable.h).
   const std::string file = ShellQuote(Printable(m->file_name));
   m->verify_command = "capsule verify " + file + " --pubkey SIGNER.pub";
   const ReplayTool tool = ReplayToolFor(c);

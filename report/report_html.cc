@@ -6,8 +6,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "capsule/base/printable_line.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable_line.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/report/internal/parity_section.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <sstream>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/printable_line.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/printable_line.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/report/internal/parity_section.h"
 #include "capsule/report/internal/text.h"
 #include "capsule/report/report.h"

@@ -9,13 +9,13 @@
 #include <new>
 #include <utility>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/printable.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/checkpoint/checkpoint_index.h"
 #include "capsule/format/dtype.h"
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/sha256.h"
 
 namespace capsule {
 namespace {

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "capsule/base/byte_buffer.h"
+#include "capsule/base/internal/byte_buffer.h"
 #include "capsule/base/status.h"
 #include "capsule/capture/monitor.h"
 #include "capsule/format/signing.h"
@@ -61,7 +61,8 @@ class BackgroundWriter {
   // Queues the job, copying its held bytes (the synchronous snapshot); false (the job untouched)
   // when the queue is full. The copies go to one of `depth` buffers the writer keeps for the next
   // capsule: a later capture of the same model copies at memory speed, with no page faults
-  // (base/byte_buffer.h), at the price of keeping up to `depth` snapshots' worth of memory.
+  // (base/internal/byte_buffer.h), at the price of keeping up to `depth` snapshots' worth of
+  // memory.
   bool Push(WriteJob& job);
   // Blocks until every job pushed so far is written or has failed.
   void Drain();

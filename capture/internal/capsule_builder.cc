@@ -8,13 +8,13 @@
 #include <map>
 #include <set>
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 #include "capsule/format/validate.h"
 #include "capsule/format/version.h"
 #include "capsule/snapshot/checkpoint.h"
-#include "capsule/snapshot/environment.h"
 #include "capsule/snapshot/hashing.h"
-#include "capsule/snapshot/tensor_codec.h"
+#include "capsule/snapshot/internal/environment.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule::internal {
 namespace {

@@ -24,9 +24,9 @@
 #include "capsule/capture/internal/step_snapshot.h"
 #include "capsule/capture/monitor.h"
 #include "capsule/format/validate.h"
-#include "capsule/model/model.h"
-#include "capsule/instrument/layer_probe.h"
+#include "capsule/instrument/internal/layer_probe.h"
 #include "capsule/instrument/trigger_rule.h"
+#include "capsule/model/model.h"
 #include "capsule/proto/capsule.pb.h"
 
 namespace capsule::internal {

@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "capsule/base/file_util.h"
+#include "capsule/base/internal/file_util.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope_format.h"
 

@@ -6,8 +6,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "capsule/base/little_endian.h"
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/little_endian.h"
+#include "capsule/base/internal/printable.h"
 
 namespace capsule::internal {
 namespace {

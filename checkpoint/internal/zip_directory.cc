@@ -4,7 +4,7 @@
 #include <string_view>
 #include <unordered_set>
 
-#include "capsule/base/little_endian.h"
+#include "capsule/base/internal/little_endian.h"
 
 namespace capsule::internal {
 namespace {

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/triage.pb.h"
 #include "capsule/ranks/run_analysis.h"

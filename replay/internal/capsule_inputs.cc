@@ -8,12 +8,12 @@
 #include <thread>
 
 #include "capsule/format/validate.h"
-#include "capsule/snapshot/environment.h"
-#include "capsule/snapshot/hashing.h"
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/comparator.h"
+#include "capsule/snapshot/hashing.h"
+#include "capsule/snapshot/internal/environment.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule::internal {
 

@@ -7,7 +7,7 @@
 #define CAPSULE_REPLAY_INTERNAL_DIAGNOSIS_H_
 
 #include "capsule/format/capsule_fwd.h"
-#include "capsule/instrument/layer_probe.h"
+#include "capsule/instrument/internal/layer_probe.h"
 
 namespace capsule::v1 {
 class ReplayReport;

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/printable.h"
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/printable.h"
+#include "capsule/base/internal/strings.h"
 
 namespace capsule::internal {
 namespace {

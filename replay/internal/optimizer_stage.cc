@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/strings.h"
-#include "capsule/snapshot/tensor_codec.h"
+#include "capsule/base/internal/strings.h"
 #include "capsule/replay/internal/capsule_inputs.h"
 #include "capsule/replay/internal/triage.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule::internal {
 namespace {

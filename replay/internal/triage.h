@@ -25,8 +25,8 @@
 #include <limits>
 #include <vector>
 
+#include "capsule/instrument/internal/layer_probe.h"
 #include "capsule/model/layer_sequence.h"
-#include "capsule/instrument/layer_probe.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/findings.h"
 

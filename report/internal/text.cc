@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 
 namespace capsule::internal {
 

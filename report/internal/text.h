@@ -2,7 +2,7 @@
 //
 // Every string a renderer takes from a capsule is untrusted input, so each output format has one
 // escape function here and the renderers call it on every such string (JSON is escaped by
-// the project's JSON printer, format/json.h; a shell word by ShellQuote, base/shell.h).
+// the project's JSON printer, format/json.h; a shell word by ShellQuote, base/internal/shell.h).
 //
 // Thread safety: pure functions; thread-safe.
 #ifndef CAPSULE_REPORT_INTERNAL_TEXT_H_
@@ -13,9 +13,9 @@
 
 namespace capsule::internal {
 
-// Printable(s, LineBreaks::kKeep) (base/printable.h), then &, <, >, " and ' as entities: safe in
-// HTML text and in quoted attribute values, with no control or bidirectional character left to
-// reorder what the page shows.
+// Printable(s, LineBreaks::kKeep) (base/internal/printable.h), then &, <, >, " and ' as entities:
+// safe in HTML text and in quoted attribute values, with no control or bidirectional character left
+// to reorder what the page shows.
 std::string HtmlEscape(std::string_view s);
 // Printable(s) (one line), then safe in Markdown text and table cells: HTML entities for <, >, &;
 // backslash before Markdown punctuation and |; and nothing GitHub would turn into a link or a

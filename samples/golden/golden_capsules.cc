@@ -6,8 +6,8 @@
 #include <cstring>
 #include <tuple>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/derivation.h"
 #include "capsule/format/envelope.h"

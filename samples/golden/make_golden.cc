@@ -7,7 +7,7 @@
 
 #include <iostream>
 
-#include "capsule/base/file_util.h"
+#include "capsule/base/internal/file_util.h"
 #include "samples/golden/golden_capsules.h"
 
 int main(int argc, char** argv) {

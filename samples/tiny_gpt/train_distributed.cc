@@ -17,7 +17,7 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "capsule/base/file_util.h"
+#include "capsule/base/internal/file_util.h"
 #include "capsule/capture/distributed.h"
 #include "capsule/capture/monitor.h"
 #include "samples/tiny_gpt/corpus_loader.h"

@@ -17,8 +17,8 @@
 
 #include "capsule/capture/internal/capture_writer.h"
 #include "capsule/format/capsule_reader.h"
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 #include "tests/format/temp_dir.h"
 
 namespace capsule::internal {

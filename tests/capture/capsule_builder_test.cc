@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/validate.h"
 

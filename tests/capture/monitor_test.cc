@@ -25,10 +25,10 @@
 #include "capsule/capture/optimizer_probe.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/signing.h"
-#include "capsule/snapshot/hashing.h"
-#include "capsule/snapshot/rng_state.h"
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/snapshot/hashing.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
+#include "capsule/snapshot/rng_state.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/tiny_gpt.h"
 

@@ -11,8 +11,8 @@
 #include <limits>
 #include <memory>
 
-#include "capsule/base/little_endian.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/little_endian.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
 #include "capsule/format/internal/zstd_codec.h"

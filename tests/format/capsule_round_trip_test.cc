@@ -7,9 +7,9 @@
 #include <functional>
 #include <utility>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/little_endian.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/little_endian.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope.h"

@@ -9,8 +9,8 @@
 #include <functional>
 #include <set>
 
-#include "capsule/base/little_endian.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/little_endian.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
 #include "samples/golden/golden_capsules.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/little_endian.h"
+#include "capsule/base/internal/little_endian.h"
 
 namespace capsule {
 namespace {

@@ -1,6 +1,6 @@
-// Whole-file reads, crash-safe writes and directory creation (base/file_util.h),
+// Whole-file reads, crash-safe writes and directory creation (base/internal/file_util.h),
 // WriteCapsuleFile / ReadCapsuleFile, and capsule file names.
-#include "capsule/base/file_util.h"
+#include "capsule/base/internal/file_util.h"
 
 #include <fcntl.h>
 #include <google/protobuf/util/message_differencer.h>

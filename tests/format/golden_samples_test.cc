@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/signing.h"
 #include "capsule/proto/capsule.pb.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope_format.h"

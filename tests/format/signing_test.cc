@@ -14,8 +14,8 @@
 #include <memory>
 #include <sstream>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/sha256.h"
 #include "tests/format/capsule_test_util.h"
 #include "tests/format/temp_dir.h"
 

@@ -8,7 +8,7 @@
 #include <functional>
 #include <limits>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/dtype.h"
 #include "capsule/proto/capsule.pb.h"

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <set>
 
-#include "capsule/base/little_endian.h"
+#include "capsule/base/internal/little_endian.h"
 #include "capsule/checkpoint/checkpoint_index.h"
 #include "tests/fuzz/fuzz_common.h"
 

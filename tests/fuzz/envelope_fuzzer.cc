@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"
 #include "tests/fuzz/fuzz_common.h"

@@ -14,8 +14,8 @@
 #include <fstream>
 #include <string>
 
-#include "capsule/base/little_endian.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/little_endian.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/format/envelope.h"
 #include "capsule/format/envelope_format.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/envelope_format.h"
 #include "capsule/proto/capsule.pb.h"

@@ -1,8 +1,9 @@
-// Checkpoints as users have them (snapshot/checkpoint.h): files written by Debian's python3-torch at
-// test time (tests/replay/make_checkpoints.py), by LibTorch's OutputArchive and by SaveCheckpoint,
-// and hostile ones. Nothing in a checkpoint may run: a TorchScript archive whose __setstate__
-// writes a file is refused and the file never appears (torch.jit.load of the same archive writes
-// it, which the test checks too); one whose __setstate__ never returns is read as data.
+// Checkpoints as users have them (snapshot/checkpoint.h): files written by Debian's python3-torch
+// at test time (tests/replay/make_checkpoints.py), by LibTorch's OutputArchive and by
+// SaveCheckpoint, and hostile ones. Nothing in a checkpoint may run: a TorchScript archive whose
+// __setstate__ writes a file is refused and the file never appears (torch.jit.load of the same
+// archive writes it, which the test checks too); one whose __setstate__ never returns is read as
+// data.
 #include "capsule/snapshot/checkpoint.h"
 
 #include <ATen/ATen.h>
@@ -17,8 +18,8 @@
 #include <tuple>
 #include <vector>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/sha256.h"
 #include "tests/format/temp_dir.h"
 
 namespace capsule {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "capsule/model/layer_sequence.h"
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/replay/plugin_loader.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 #include "samples/tiny_gpt/corpus_loader.h"
 #include "samples/tiny_gpt/registration.h"
 #include "samples/tiny_gpt/tiny_gpt.h"

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "capsule/snapshot/tensor_codec.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/triage.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 namespace capsule::internal {
 namespace {

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <string>
 
-#include "capsule/base/file_util.h"
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/file_util.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/redact.h"
 #include "capsule/format/signing.h"

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "capsule/base/file_util.h"
+#include "capsule/base/internal/file_util.h"
 #include "capsule/format/capsule_writer.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/triage.pb.h"

@@ -1,13 +1,13 @@
-// base/strings.h and base/printable.h: the text forms of numbers and times that people read,
-// and how untrusted text is made safe to show.
-#include "capsule/base/strings.h"
+// base/internal/strings.h and base/internal/printable.h: the text forms of numbers and times that
+// people read, and how untrusted text is made safe to show.
+#include "capsule/base/internal/strings.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 
 namespace capsule {
 namespace {

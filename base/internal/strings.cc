@@ -1,4 +1,4 @@
-#include "capsule/base/strings.h"
+#include "capsule/base/internal/strings.h"
 
 #include <cmath>
 #include <cstdio>

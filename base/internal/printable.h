@@ -18,11 +18,11 @@
 // The CLI also routes all of its standard output and error through the same function
 // (cli/printable_stream.h), so a message that forgets to call it still cannot reach the terminal
 // raw; that filter keeps line breaks, so a line made of several pieces, any of them from a
-// capsule, is written through PrintableLine (base/printable_line.h).
+// capsule, is written through PrintableLine (base/internal/printable_line.h).
 //
 // Thread safety: pure functions; thread-safe.
-#ifndef CAPSULE_BASE_PRINTABLE_H_
-#define CAPSULE_BASE_PRINTABLE_H_
+#ifndef CAPSULE_BASE_INTERNAL_PRINTABLE_H_
+#define CAPSULE_BASE_INTERNAL_PRINTABLE_H_
 
 #include <cstddef>
 #include <string>
@@ -65,4 +65,4 @@ std::string_view TruncateUtf8(std::string_view text, size_t max_bytes);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_BASE_PRINTABLE_H_
+#endif  // CAPSULE_BASE_INTERNAL_PRINTABLE_H_

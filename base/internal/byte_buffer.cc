@@ -1,4 +1,4 @@
-#include "capsule/base/byte_buffer.h"
+#include "capsule/base/internal/byte_buffer.h"
 
 #include <sys/mman.h>
 

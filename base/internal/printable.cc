@@ -1,4 +1,4 @@
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 
 #include <cstdint>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "capsule/instrument/layer_probe.h"
+#include "capsule/instrument/internal/layer_probe.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -1,8 +1,8 @@
 // Text meant to be pasted into a shell: the commands a report or a run analysis suggests.
 //
 // Thread safety: pure functions; thread-safe.
-#ifndef CAPSULE_BASE_SHELL_H_
-#define CAPSULE_BASE_SHELL_H_
+#ifndef CAPSULE_BASE_INTERNAL_SHELL_H_
+#define CAPSULE_BASE_INTERNAL_SHELL_H_
 
 #include <string>
 
@@ -14,4 +14,4 @@ std::string ShellQuote(const std::string& s);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_BASE_SHELL_H_
+#endif  // CAPSULE_BASE_INTERNAL_SHELL_H_

@@ -1,4 +1,4 @@
-#include "capsule/base/shell.h"
+#include "capsule/base/internal/shell.h"
 
 #include <algorithm>
 #include <cctype>

@@ -23,8 +23,8 @@
 //
 // Thread safety: thread-safe. Concurrent writers of one NAME each write their own temporary file;
 // with `overwrite` the last move wins, without it exactly one succeeds.
-#ifndef CAPSULE_BASE_FILE_UTIL_H_
-#define CAPSULE_BASE_FILE_UTIL_H_
+#ifndef CAPSULE_BASE_INTERNAL_FILE_UTIL_H_
+#define CAPSULE_BASE_INTERNAL_FILE_UTIL_H_
 
 #include <cstdint>
 #include <functional>
@@ -131,4 +131,4 @@ Status MakeDirs(const std::string& dir, std::string_view what = "directory");
 
 }  // namespace capsule
 
-#endif  // CAPSULE_BASE_FILE_UTIL_H_
+#endif  // CAPSULE_BASE_INTERNAL_FILE_UTIL_H_

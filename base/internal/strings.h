@@ -11,8 +11,8 @@
 //   capsule::FormatCount(19999872);                   // "19,999,872"
 //
 // Thread safety: pure functions; thread-safe.
-#ifndef CAPSULE_BASE_STRINGS_H_
-#define CAPSULE_BASE_STRINGS_H_
+#ifndef CAPSULE_BASE_INTERNAL_STRINGS_H_
+#define CAPSULE_BASE_INTERNAL_STRINGS_H_
 
 #include <cstdint>
 #include <string>
@@ -39,4 +39,4 @@ std::string FormatUnixMicrosUtc(int64_t unix_micros);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_BASE_STRINGS_H_
+#endif  // CAPSULE_BASE_INTERNAL_STRINGS_H_

@@ -1,4 +1,4 @@
-#include "capsule/snapshot/environment.h"
+#include "capsule/snapshot/internal/environment.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

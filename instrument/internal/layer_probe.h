@@ -11,16 +11,16 @@
 //   if (r.first_anomalous >= 0) std::cout << r.layers[r.first_anomalous].name << "\n";
 //
 // Thread safety: one probe per LayerSequence at a time.
-#ifndef CAPSULE_INSTRUMENT_LAYER_PROBE_H_
-#define CAPSULE_INSTRUMENT_LAYER_PROBE_H_
+#ifndef CAPSULE_INSTRUMENT_INTERNAL_LAYER_PROBE_H_
+#define CAPSULE_INSTRUMENT_INTERNAL_LAYER_PROBE_H_
 
 #include <string>
 #include <vector>
 
 #include "capsule/base/status.h"
-#include "capsule/model/layer_sequence.h"
 #include "capsule/instrument/health_stats.h"
 #include "capsule/instrument/trigger_rule.h"
+#include "capsule/model/layer_sequence.h"
 
 namespace capsule {
 
@@ -84,4 +84,4 @@ RerunOutcome RerunOutcomeOf(const ProbeResult& r);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_INSTRUMENT_LAYER_PROBE_H_
+#endif  // CAPSULE_INSTRUMENT_INTERNAL_LAYER_PROBE_H_

@@ -1,4 +1,4 @@
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 
 #include <openssl/err.h>
 #include <openssl/evp.h>

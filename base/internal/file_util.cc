@@ -1,4 +1,4 @@
-#include "capsule/base/file_util.h"
+#include "capsule/base/internal/file_util.h"
 
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_NOREPLACE

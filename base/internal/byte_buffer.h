@@ -9,8 +9,8 @@
 //   std::memcpy(out, bytes.data(), bytes.size());
 //
 // Thread safety: a ByteBuffer is a plain value; AdviseHugePages is thread-safe.
-#ifndef CAPSULE_BASE_BYTE_BUFFER_H_
-#define CAPSULE_BASE_BYTE_BUFFER_H_
+#ifndef CAPSULE_BASE_INTERNAL_BYTE_BUFFER_H_
+#define CAPSULE_BASE_INTERNAL_BYTE_BUFFER_H_
 
 #include <cstddef>
 #include <memory>
@@ -36,4 +36,4 @@ class ByteBuffer {
 
 }  // namespace capsule
 
-#endif  // CAPSULE_BASE_BYTE_BUFFER_H_
+#endif  // CAPSULE_BASE_INTERNAL_BYTE_BUFFER_H_

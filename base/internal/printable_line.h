@@ -1,8 +1,8 @@
 // PrintableLine: one line of text, laid out from pieces that may come from a capsule or a file
 // name, that no piece can end early or multiply.
 //
-// Printable (base/printable.h) escapes one string. A line of a command's output is made of many:
-// "gate: ", a count, a file name, a model's name. Everything streamed into a PrintableLine is
+// Printable (base/internal/printable.h) escapes one string. A line of a command's output is made of
+// many: "gate: ", a count, a file name, a model's name. Everything streamed into a PrintableLine is
 // escaped as Printable escapes a one-line field (a line break inside a piece shows as "\n"), and
 // the line, with the one "\n" that ends it, goes to the stream when the PrintableLine goes out of
 // scope. So a file name or a model name holding "\ngate: 3 of 3 capsules no longer fail" shows as
@@ -17,8 +17,8 @@
 // escapes each field (report/).
 //
 // Thread safety: a PrintableLine is used by one thread; distinct ones are independent.
-#ifndef CAPSULE_BASE_PRINTABLE_LINE_H_
-#define CAPSULE_BASE_PRINTABLE_LINE_H_
+#ifndef CAPSULE_BASE_INTERNAL_PRINTABLE_LINE_H_
+#define CAPSULE_BASE_INTERNAL_PRINTABLE_LINE_H_
 
 #include <ostream>
 #include <sstream>
@@ -47,4 +47,4 @@ class PrintableLine {
 
 }  // namespace capsule
 
-#endif  // CAPSULE_BASE_PRINTABLE_LINE_H_
+#endif  // CAPSULE_BASE_INTERNAL_PRINTABLE_LINE_H_

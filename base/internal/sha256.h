@@ -14,8 +14,8 @@
 //   CAPSULE_ASSIGN_OR_RETURN(std::string raw, h.Finish());
 //
 // Thread safety: the free functions are thread-safe; a Sha256Hasher is used by one thread.
-#ifndef CAPSULE_BASE_SHA256_H_
-#define CAPSULE_BASE_SHA256_H_
+#ifndef CAPSULE_BASE_INTERNAL_SHA256_H_
+#define CAPSULE_BASE_INTERNAL_SHA256_H_
 
 #include <memory>
 #include <optional>
@@ -60,4 +60,4 @@ bool IsSha256Hex(std::string_view s);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_BASE_SHA256_H_
+#endif  // CAPSULE_BASE_INTERNAL_SHA256_H_

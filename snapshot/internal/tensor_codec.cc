@@ -1,11 +1,11 @@
-#include "capsule/snapshot/tensor_codec.h"
+#include "capsule/snapshot/internal/tensor_codec.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
 
-#include "capsule/base/sha256.h"
+#include "capsule/base/internal/sha256.h"
 #include "capsule/format/dtype.h"
 #include "capsule/format/validate.h"
 #include "capsule/proto/capsule.pb.h"

@@ -7,8 +7,8 @@
 //   capsule::CollectEnvironment(&env);
 //
 // Thread safety: thread-safe.
-#ifndef CAPSULE_SNAPSHOT_ENVIRONMENT_H_
-#define CAPSULE_SNAPSHOT_ENVIRONMENT_H_
+#ifndef CAPSULE_SNAPSHOT_INTERNAL_ENVIRONMENT_H_
+#define CAPSULE_SNAPSHOT_INTERNAL_ENVIRONMENT_H_
 
 #include <string>
 
@@ -31,4 +31,4 @@ std::string TorchVersion();
 
 }  // namespace capsule
 
-#endif  // CAPSULE_SNAPSHOT_ENVIRONMENT_H_
+#endif  // CAPSULE_SNAPSHOT_INTERNAL_ENVIRONMENT_H_

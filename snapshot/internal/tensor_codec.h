@@ -9,8 +9,8 @@
 //   CAPSULE_ASSIGN_OR_RETURN(at::Tensor y, capsule::TensorFromBlob(blob));   // equal(x, y)
 //
 // Thread safety: thread-safe.
-#ifndef CAPSULE_SNAPSHOT_TENSOR_CODEC_H_
-#define CAPSULE_SNAPSHOT_TENSOR_CODEC_H_
+#ifndef CAPSULE_SNAPSHOT_INTERNAL_TENSOR_CODEC_H_
+#define CAPSULE_SNAPSHOT_INTERNAL_TENSOR_CODEC_H_
 
 #include <ATen/Tensor.h>
 
@@ -50,4 +50,4 @@ StatusOr<at::Tensor> TensorFromBlob(const v1::TensorBlob& blob);
 
 }  // namespace capsule
 
-#endif  // CAPSULE_SNAPSHOT_TENSOR_CODEC_H_
+#endif  // CAPSULE_SNAPSHOT_INTERNAL_TENSOR_CODEC_H_

@@ -1,8 +1,8 @@
 // Little-endian loads and stores: the capsule envelope's integer fields (proto/FORMAT.md §2: every
 // integer is little-endian) and the zip records of checkpoints. Not installed: the envelope code,
 // the checkpoint reader and the byte-surgery tests use them.
-#ifndef CAPSULE_BASE_LITTLE_ENDIAN_H_
-#define CAPSULE_BASE_LITTLE_ENDIAN_H_
+#ifndef CAPSULE_BASE_INTERNAL_LITTLE_ENDIAN_H_
+#define CAPSULE_BASE_INTERNAL_LITTLE_ENDIAN_H_
 
 #include <cstdint>
 
@@ -33,4 +33,4 @@ inline void StoreLe64(char* p, uint64_t v) {
 
 }  // namespace capsule::internal
 
-#endif  // CAPSULE_BASE_LITTLE_ENDIAN_H_
+#endif  // CAPSULE_BASE_INTERNAL_LITTLE_ENDIAN_H_

@@ -1,6 +1,6 @@
-#include "capsule/base/printable_line.h"
+#include "capsule/base/internal/printable_line.h"
 
-#include "capsule/base/printable.h"
+#include "capsule/base/internal/printable.h"
 
 namespace capsule {
 
