@@ -9,9 +9,14 @@
 #include <vector>
 
 #include "capsule/proto/capsule.pb.h"
+#include "tests/replay/stage_test_util.h"
 
 namespace capsule::internal {
 namespace {
+
+using stage_test::FailedChecks;
+using stage_test::Find;
+using stage_test::FindAll;
 
 struct Case {
   v1::Capsule capsule;
@@ -53,14 +58,6 @@ double Mean(const Case& c, double smoothing, bool sum = false, int64_t ignore = 
   return sum ? total : total / n;
 }
 
-std::vector<std::string> Failed(const v1::StageReport& r) {
-  std::vector<std::string> out;
-  for (const v1::Finding& f : r.findings()) {
-    if (f.failed()) out.push_back(f.check());
-  }
-  return out;
-}
-
 TEST(ClassificationStageTest, ShapesOrTheDeclarationMakeABatchAClassifiers) {
   Case c = Classifier();
   EXPECT_TRUE(IsClassificationBatch(c.Input()));
@@ -77,7 +74,7 @@ TEST(ClassificationStageTest, ACleanBatchHasNoFailedFinding) {
   const v1::StageReport data = RunClassificationDataStage(in);
   const v1::StageReport obj = RunClassificationObjectiveStage(in);
   EXPECT_TRUE(data.ran() && obj.ran()) << data.skipped_reason() << obj.skipped_reason();
-  EXPECT_TRUE(Failed(data).empty() && Failed(obj).empty());
+  EXPECT_TRUE(FailedChecks(data).empty() && FailedChecks(obj).empty());
 }
 
 TEST(ClassificationStageTest, DataChecksNameTheSample) {
@@ -85,12 +82,12 @@ TEST(ClassificationStageTest, DataChecksNameTheSample) {
   c.batch.labels[1] = 3;  // of 3 classes
   c.batch.inputs[3][2] = NAN;
   const v1::StageReport r = RunClassificationDataStage(c.Input());
-  ASSERT_EQ(Failed(r),
+  ASSERT_EQ(FailedChecks(r),
             (std::vector<std::string>{"data.non_finite_input", "data.label_out_of_range"}));
   EXPECT_EQ(r.findings(0).sample_index(), 3);
   EXPECT_EQ(r.findings(1).sample_index(), 1);
   c.batch.labels.fill_(-100);
-  EXPECT_EQ(Failed(RunClassificationDataStage(c.Input())),
+  EXPECT_EQ(FailedChecks(RunClassificationDataStage(c.Input())),
             (std::vector<std::string>{"data.non_finite_input", "data.empty_batch"}));
 }
 
@@ -98,7 +95,7 @@ TEST(ClassificationStageTest, ConstantTargetsAreANote) {
   Case c = Classifier();
   c.batch.labels.fill_(2);
   const v1::StageReport r = RunClassificationDataStage(c.Input());
-  EXPECT_TRUE(Failed(r).empty());
+  EXPECT_TRUE(FailedChecks(r).empty());
   bool noted = false;
   for (const v1::Finding& f : r.findings()) noted |= f.check() == "data.constant_targets";
   EXPECT_TRUE(noted);
@@ -110,16 +107,16 @@ TEST(ClassificationStageTest, TheDeclaredSmoothingIgnoreIndexAndReductionAreHeld
   c.capsule.mutable_objective()->set_ignore_index(1);
   TriageInput in = c.Input();
   in.model_loss = Mean(c, 0.2, false, 1);
-  EXPECT_TRUE(Failed(RunClassificationObjectiveStage(in)).empty());
+  EXPECT_TRUE(FailedChecks(RunClassificationObjectiveStage(in)).empty());
   in.model_loss = Mean(c, 0, false, 1);  // no smoothing applied
-  EXPECT_EQ(Failed(RunClassificationObjectiveStage(in)),
+  EXPECT_EQ(FailedChecks(RunClassificationObjectiveStage(in)),
             (std::vector<std::string>{"objective.loss_matches", "objective.label_smoothing"}));
   in.model_loss = Mean(c, 0.2, true, 1);  // the sum
-  EXPECT_EQ(Failed(RunClassificationObjectiveStage(in)),
+  EXPECT_EQ(FailedChecks(RunClassificationObjectiveStage(in)),
             (std::vector<std::string>{"objective.loss_matches", "objective.reduction_sum"}));
   in.model_loss = Mean(c, 0.2, true, 1) / 4;  // divided by every sample, the ignored one too
   EXPECT_EQ(
-      Failed(RunClassificationObjectiveStage(in)),
+      FailedChecks(RunClassificationObjectiveStage(in)),
       (std::vector<std::string>{"objective.loss_matches", "objective.masked_positions_counted"}));
 }
 
@@ -134,17 +131,10 @@ TEST(ClassificationStageTest, TheTrainersLossIsHeldToTheStepModesLogits) {
   TriageInput in = c.Input();
   in.model_loss = Mean(c, 0);
   in.step_logits = step_mode.logits;
-  EXPECT_TRUE(Failed(RunClassificationObjectiveStage(in)).empty());
+  EXPECT_TRUE(FailedChecks(RunClassificationObjectiveStage(in)).empty());
   h.set_loss(2 * Mean(step_mode, 0));
-  EXPECT_EQ(Failed(RunClassificationObjectiveStage(in)),
+  EXPECT_EQ(FailedChecks(RunClassificationObjectiveStage(in)),
             (std::vector<std::string>{"objective.trainer_loss_matches", "objective.unexplained"}));
-}
-
-const v1::Finding* Find(const v1::StageReport& r, const std::string& check) {
-  for (const v1::Finding& f : r.findings()) {
-    if (f.check() == check) return &f;
-  }
-  return nullptr;
 }
 
 TEST(ClassificationStageTest, AMeanWhereTheTrainerDeclaresASumIsNamed) {
@@ -153,12 +143,12 @@ TEST(ClassificationStageTest, AMeanWhereTheTrainerDeclaresASumIsNamed) {
   TriageInput in = c.Input();
   in.model_loss = Mean(c, 0, true);
   const v1::StageReport ok = RunClassificationObjectiveStage(in);
-  EXPECT_TRUE(Failed(ok).empty()) << ok.DebugString();
+  EXPECT_TRUE(FailedChecks(ok).empty()) << ok.DebugString();
   EXPECT_TRUE(Find(ok, "objective.reduction_token_mean") == nullptr);
 
   in.model_loss = Mean(c, 0);
   const v1::StageReport r = RunClassificationObjectiveStage(in);
-  EXPECT_EQ(Failed(r),
+  EXPECT_EQ(FailedChecks(r),
             (std::vector<std::string>{"objective.loss_matches", "objective.reduction_token_mean"}));
   const v1::Finding* f = Find(r, "objective.reduction_token_mean");
   ASSERT_NE(f, nullptr) << r.DebugString();
@@ -168,7 +158,7 @@ TEST(ClassificationStageTest, AMeanWhereTheTrainerDeclaresASumIsNamed) {
   EXPECT_FALSE(f->detail().empty());
   // Just off the mean: unexplained, not named as it.
   in.model_loss = Mean(c, 0) * (1 + 1e-5);
-  EXPECT_EQ(Failed(RunClassificationObjectiveStage(in)),
+  EXPECT_EQ(FailedChecks(RunClassificationObjectiveStage(in)),
             (std::vector<std::string>{"objective.loss_matches", "objective.unexplained"}));
 }
 
@@ -202,7 +192,7 @@ TEST(ClassificationStageTest, ThePerSampleLossNoteGivesTheLargestCrossEntropy) {
   ASSERT_TRUE(f->has_dataset_index());
   EXPECT_EQ(f->dataset_index(), 42);
   EXPECT_FALSE(f->detail().empty());
-  EXPECT_TRUE(Failed(r).empty());
+  EXPECT_TRUE(FailedChecks(r).empty());
   // No sample with a target: nothing to rank.
   c.batch.labels.fill_(-100);
   EXPECT_TRUE(Find(RunClassificationDataStage(c.Input()), "data.per_sample_loss") == nullptr);

@@ -17,9 +17,14 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/triage.h"
 #include "capsule/snapshot/internal/tensor_codec.h"
+#include "tests/replay/stage_test_util.h"
 
 namespace capsule::internal {
 namespace {
+
+using stage_test::FailedChecks;
+using stage_test::Find;
+using stage_test::FindAll;
 
 constexpr double kLr = 1e-2;
 constexpr double kDecay = 0.1;
@@ -154,33 +159,12 @@ Recorded AdamStep() {
       v1::ADAM);
 }
 
-std::vector<const v1::Finding*> FindAll(const v1::StageReport& r, const std::string& check) {
-  std::vector<const v1::Finding*> out;
-  for (const v1::Finding& f : r.findings()) {
-    if (f.check() == check) out.push_back(&f);
-  }
-  return out;
-}
-
-const v1::Finding* Find(const v1::StageReport& r, const std::string& check) {
-  const auto all = FindAll(r, check);
-  return all.empty() ? nullptr : all.front();
-}
-
-std::vector<std::string> Failed(const v1::StageReport& r) {
-  std::vector<std::string> out;
-  for (const v1::Finding& f : r.findings()) {
-    if (f.failed()) out.push_back(f.check());
-  }
-  return out;
-}
-
 TEST(OptimizerStageTest, ACleanStepOfTorchsAdamWAndAdamPasses) {
   for (const Recorded& s : {AdamWStep(), AdamStep()}) {
     const v1::StageReport r = RunOptimizerStage(s.capsule, s.grad_norm);
     ASSERT_TRUE(r.ran()) << r.skipped_reason();
     EXPECT_EQ(r.stage(), v1::STAGE_OPTIMIZER);
-    EXPECT_TRUE(Failed(r).empty()) << r.DebugString();
+    EXPECT_TRUE(FailedChecks(r).empty()) << r.DebugString();
     EXPECT_FALSE(r.explains());
     const v1::Finding* f = Find(r, "optimizer.update_matches");
     ASSERT_NE(f, nullptr) << r.DebugString();
@@ -209,10 +193,10 @@ TEST(OptimizerStageTest, AStepWithOtherHyperParametersThanRecordedDoesNotMatch) 
   EXPECT_GT(f->value(), 1);
   EXPECT_EQ(f->threshold(), 1);
   EXPECT_FALSE(f->detail().empty());
-  EXPECT_EQ(Failed(r), std::vector<std::string>{"optimizer.update_matches"});
+  EXPECT_EQ(FailedChecks(r), std::vector<std::string>{"optimizer.update_matches"});
   // 1e-5 off: within the allowance of 0.1% of the update.
   s.capsule.mutable_optimizer()->mutable_groups(0)->set_lr(kLr * (1 + 1e-5));
-  EXPECT_TRUE(Failed(RunOptimizerStage(s.capsule, s.grad_norm)).empty());
+  EXPECT_TRUE(FailedChecks(RunOptimizerStage(s.capsule, s.grad_norm)).empty());
 
   // Adam's L2 decay recorded as AdamW's decoupled one.
   Recorded adam = AdamStep();
@@ -331,7 +315,7 @@ TEST(OptimizerStageTest, AFrozenParameterLeftInAGroupThatDidNotMoveIsANote) {
   EXPECT_EQ(f->threshold(), 0);
   EXPECT_FALSE(f->detail().empty());
   EXPECT_TRUE(Find(r, "optimizer.frozen_updated") == nullptr);
-  EXPECT_TRUE(Failed(r).empty()) << r.DebugString();
+  EXPECT_TRUE(FailedChecks(r).empty()) << r.DebugString();
   // Frozen and in no group: where it belongs, no note.
   head.set_group(-1);
   EXPECT_TRUE(Find(RunOptimizerStage(s.capsule, s.grad_norm), "optimizer.frozen_in_optimizer") ==
@@ -385,7 +369,7 @@ TEST(OptimizerStageTest, AnLrOffTheScheduleFails) {
   EXPECT_TRUE(f->failed());
   EXPECT_EQ(f->value(), kLr);
   EXPECT_EQ(f->threshold(), kLr / 2);
-  EXPECT_EQ(Failed(r), std::vector<std::string>{"optimizer.lr_schedule"});
+  EXPECT_EQ(FailedChecks(r), std::vector<std::string>{"optimizer.lr_schedule"});
 }
 
 TEST(OptimizerStageTest, GradientsAboveTheClipThresholdFail) {
@@ -425,7 +409,7 @@ TEST(OptimizerStageTest, AClipOnScaledGradientsIsFound) {
   EXPECT_NEAR(f->value(), 1024, 1e-9);
   EXPECT_EQ(f->threshold(), 1024);
   EXPECT_FALSE(f->detail().empty());
-  EXPECT_EQ(Failed(r), std::vector<std::string>{"optimizer.clip_before_unscale"});
+  EXPECT_EQ(FailedChecks(r), std::vector<std::string>{"optimizer.clip_before_unscale"});
   // The unscaled norm; one 2% off the scaled one; neither: passed, the ratio given.
   for (double ratio : {1.0, 1024 * 1.02, 3.0}) {
     opt.set_grad_norm_before_clip(ratio * s.grad_norm);

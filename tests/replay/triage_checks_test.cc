@@ -19,38 +19,17 @@
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/triage.h"
+#include "tests/replay/stage_test_util.h"
 
 namespace capsule::internal {
 namespace {
 
-constexpr int64_t kVocab = 32;
-constexpr int64_t kPad = 0;
-
-// Right-padded sequences of random tokens in [1, kVocab): `lengths[b]` real tokens, then the pad
-// id. Labels are the next input (declared shifted): -100 after the last real token, the pad id at
-// padded positions, with the loss mask 0 at both.
-LayerBatch PaddedBatch(const std::vector<int64_t>& lengths, int64_t seq, uint64_t seed) {
-  at::Generator g = at::detail::createCPUGenerator(seed);
-  const int64_t n = static_cast<int64_t>(lengths.size());
-  LayerBatch b;
-  b.input_ids = at::randint(1, kVocab, {n, seq + 1}, g, at::kLong);
-  b.attention_mask = at::ones({n, seq}, at::kLong);
-  for (int64_t i = 0; i < n; ++i) {
-    b.input_ids[i].slice(0, lengths[i]).fill_(kPad);
-    b.attention_mask[i].slice(0, lengths[i]).fill_(0);
-  }
-  b.labels = b.input_ids.slice(1, 1, seq + 1).clone();
-  b.input_ids = b.input_ids.slice(1, 0, seq).contiguous();
-  b.loss_mask = b.attention_mask.clone();
-  for (int64_t i = 0; i < n; ++i) {
-    if (lengths[i] > 0) b.loss_mask[i][lengths[i] - 1] = 0;
-  }
-  b.labels.masked_fill_(b.loss_mask.eq(0), kPad);
-  b.labels.masked_fill_(b.loss_mask.eq(0).logical_and(b.attention_mask.ne(0)), -100);
-  b.labels_shifted = true;
-  b.training = false;
-  return b;
-}
+using stage_test::FailedChecks;
+using stage_test::Find;
+using stage_test::FindAll;
+using stage_test::kPad;
+using stage_test::kVocab;
+using stage_test::PaddedBatch;
 
 // Logits where sample b's target logit stands `margins[b]` above the other V - 1 (all 0): every
 // target token of the sample has the loss MarginLoss(margins[b]).
@@ -161,27 +140,6 @@ Case MarginCase(const std::vector<double>& margins, uint64_t seed = 3) {
   return c;
 }
 
-std::vector<const v1::Finding*> FindAll(const v1::StageReport& r, const std::string& check) {
-  std::vector<const v1::Finding*> out;
-  for (const v1::Finding& f : r.findings()) {
-    if (f.check() == check) out.push_back(&f);
-  }
-  return out;
-}
-
-const v1::Finding* Find(const v1::StageReport& r, const std::string& check) {
-  const auto all = FindAll(r, check);
-  return all.empty() ? nullptr : all.front();
-}
-
-std::vector<std::string> Failed(const v1::StageReport& r) {
-  std::vector<std::string> out;
-  for (const v1::Finding& f : r.findings()) {
-    if (f.failed()) out.push_back(f.check());
-  }
-  return out;
-}
-
 // ---- data ----------------------------------------------------------------------------------
 
 TEST(TriageChecksTest, LabelsOutsideTheVocabularyNameTheSample) {
@@ -244,7 +202,7 @@ TEST(TriageChecksTest, AHighButConsistentSampleIsAHardSampleNote) {
   EXPECT_EQ(f.sample_index(), 2);
   EXPECT_FALSE(f.detail().empty());
   EXPECT_TRUE(Find(r, "data.bad_sample") == nullptr);
-  EXPECT_TRUE(Failed(r).empty());
+  EXPECT_TRUE(FailedChecks(r).empty());
 
   // Less than kBadSampleExcessNats above the others: neither hard nor bad.
   const Case near = MarginCase({4, 4, 2.5, 4});
@@ -300,7 +258,7 @@ TEST(TriageChecksTest, ThePerSampleLossNoteGivesTheLargestExcess) {
   ASSERT_TRUE(f.has_sample_index());
   EXPECT_EQ(f.sample_index(), 2);
   EXPECT_FALSE(f.detail().empty());
-  EXPECT_TRUE(Failed(r).empty());
+  EXPECT_TRUE(FailedChecks(r).empty());
 
   // One sample with targets has no others to be measured against: no note.
   const Case one = MarginCase({4});
@@ -326,7 +284,7 @@ TEST(TriageChecksTest, TheModelsLossIsHeldToTheDeclaredReduction) {
     EXPECT_NEAR(f->value(), 1e-8, 1e-9);
     EXPECT_EQ(f->threshold(), kLossMatchRelTol);
     EXPECT_FALSE(f->detail().empty());
-    EXPECT_TRUE(Failed(ok).empty()) << ok.DebugString();
+    EXPECT_TRUE(FailedChecks(ok).empty()) << ok.DebugString();
 
     c.model_loss = declared * (1 + 1e-5);
     const v1::StageReport bad = RunObjectiveStage(c.Input());
@@ -362,7 +320,7 @@ TEST(TriageChecksTest, ALossThatIsAnotherReductionIsNamed) {
     Case c = RandomCase(43, v.declared);
     c.model_loss = Reduce(c.batch, c.logits).*v.loss;
     const v1::StageReport r = RunObjectiveStage(c.Input());
-    EXPECT_EQ(Failed(r), (std::vector<std::string>{"objective.loss_matches", v.check}))
+    EXPECT_EQ(FailedChecks(r), (std::vector<std::string>{"objective.loss_matches", v.check}))
         << r.DebugString();
     const v1::Finding* f = Find(r, v.check);
     ASSERT_NE(f, nullptr) << r.DebugString();
@@ -374,7 +332,7 @@ TEST(TriageChecksTest, ALossThatIsAnotherReductionIsNamed) {
     // Just off the variant: the loss is no longer named as it.
     c.model_loss *= 1 + 1e-5;
     const v1::StageReport off = RunObjectiveStage(c.Input());
-    EXPECT_EQ(Failed(off),
+    EXPECT_EQ(FailedChecks(off),
               (std::vector<std::string>{"objective.loss_matches", "objective.unexplained"}))
         << off.DebugString();
   }
@@ -489,7 +447,7 @@ TEST(TriageChecksTest, AnAccumulatedLossAveragedOverMicroBatchMeansIsNamed) {
   EXPECT_LE(f->value(), kTrainerLossRelTol);
   EXPECT_EQ(f->threshold(), kTrainerLossRelTol);
   EXPECT_FALSE(f->detail().empty());
-  EXPECT_EQ(Failed(r), std::vector<std::string>{"objective.accumulation_mean_of_means"});
+  EXPECT_EQ(FailedChecks(r), std::vector<std::string>{"objective.accumulation_mean_of_means"});
 
   // The step's token mean: the declared loss, a passed objective.trainer_loss.
   h.set_loss(c.model_loss);
@@ -501,7 +459,7 @@ TEST(TriageChecksTest, AnAccumulatedLossAveragedOverMicroBatchMeansIsNamed) {
   h.set_loss(mean_of_means * (1 + 1e-3));
   const v1::StageReport off = RunObjectiveStage(c.Input());
   EXPECT_TRUE(Find(off, "objective.accumulation_mean_of_means") == nullptr) << off.DebugString();
-  EXPECT_EQ(Failed(off), std::vector<std::string>{"objective.trainer_loss"});
+  EXPECT_EQ(FailedChecks(off), std::vector<std::string>{"objective.trainer_loss"});
 }
 
 // A loss mask of another shape than the labels (the capsule embeds each batch tensor as its own
@@ -578,7 +536,7 @@ TEST(TriageChecksTest, ThePerLayerNormNoteRanksTheLayers) {
   EXPECT_NEAR(found[0]->value(), 13, 1e-12);
   EXPECT_EQ(found[0]->threshold(), 0);
   EXPECT_FALSE(found[0]->detail().empty());
-  EXPECT_TRUE(Failed(r).empty());
+  EXPECT_TRUE(FailedChecks(r).empty());
   // No backward ran: no note, and the stage is skipped.
   in.parameter_grads = nullptr;
   const v1::StageReport none = RunGradientsStage(in);
@@ -618,7 +576,7 @@ TEST(TriageChecksTest, TheDeclaredFrozenNoteCountsTheMatchedParameters) {
   EXPECT_EQ(found[0]->value(), 3);
   EXPECT_EQ(found[0]->threshold(), 0);
   EXPECT_FALSE(found[0]->detail().empty());
-  EXPECT_TRUE(Failed(r).empty()) << r.DebugString();
+  EXPECT_TRUE(FailedChecks(r).empty()) << r.DebugString();
   EXPECT_TRUE(Find(r, "gradients.declared_frozen_unmatched") == nullptr);
 }
 

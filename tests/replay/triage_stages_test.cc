@@ -11,41 +11,16 @@
 #include "capsule/proto/replay_report.pb.h"
 #include "capsule/replay/internal/diagnosis.h"
 #include "capsule/replay/internal/triage.h"
+#include "tests/replay/stage_test_util.h"
 
 namespace capsule {
 namespace {
 
-constexpr int64_t kVocab = 32;
-constexpr int64_t kPad = 0;
-
-// Right-padded sequences of random tokens in [1, kVocab): `lengths[b]` real tokens, then the pad
-// id. Labels are the next input (declared shifted), the pad id at padded positions (or -100 with
-// `ignore_pad`), with the loss mask 0 there.
-LayerBatch PaddedBatch(const std::vector<int64_t>& lengths, int64_t seq, uint64_t seed,
-                       bool ignore_pad = false) {
-  at::Generator g = at::detail::createCPUGenerator(seed);
-  const int64_t n = static_cast<int64_t>(lengths.size());
-  LayerBatch b;
-  b.input_ids = at::randint(1, kVocab, {n, seq + 1}, g, at::kLong);
-  b.attention_mask = at::ones({n, seq}, at::kLong);
-  for (int64_t i = 0; i < n; ++i) {
-    b.input_ids[i].slice(0, lengths[i]).fill_(kPad);
-    b.attention_mask[i].slice(0, lengths[i]).fill_(0);
-  }
-  b.labels = b.input_ids.slice(1, 1, seq + 1).clone();
-  b.input_ids = b.input_ids.slice(1, 0, seq).contiguous();
-  b.loss_mask = b.attention_mask.clone();
-  // The last real token has no next token in the sample: no target.
-  for (int64_t i = 0; i < n; ++i) {
-    if (lengths[i] > 0) b.loss_mask[i][lengths[i] - 1] = 0;
-  }
-  b.labels.masked_fill_(b.loss_mask.eq(0), ignore_pad ? -100 : kPad);
-  if (!ignore_pad)
-    b.labels.masked_fill_(b.loss_mask.eq(0).logical_and(b.attention_mask.ne(0)), -100);
-  b.labels_shifted = true;
-  b.training = false;
-  return b;
-}
+using stage_test::Find;
+using stage_test::FindAll;
+using stage_test::kPad;
+using stage_test::kVocab;
+using stage_test::PaddedBatch;
 
 // Logits of a model that has learned the batch: the target's logit stands out by `margin`.
 at::Tensor LearnedLogits(const LayerBatch& b, double margin = 4.0) {
@@ -84,13 +59,6 @@ Case MakeCase(const std::vector<int64_t>& lengths, int64_t seq, uint64_t seed,
   c.logits = LearnedLogits(c.batch);
   c.capsule.mutable_objective()->set_reduction(reduction);
   return c;
-}
-
-const v1::Finding* Find(const v1::StageReport& r, const std::string& check) {
-  for (const auto& f : r.findings()) {
-    if (f.check() == check) return &f;
-  }
-  return nullptr;
 }
 
 int Failed(const v1::StageReport& r) {
