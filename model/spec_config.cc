@@ -3,12 +3,20 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 
 #include "capsule/format/json.h"
 
 namespace capsule {
+
+namespace {
+constexpr uint64_t kExactInteger = uint64_t{1} << 53;  // the largest run of integers a double holds
+}  // namespace
 
 struct SpecConfig::Impl {
   google::protobuf::Struct fields;
@@ -41,6 +49,10 @@ SpecConfig& SpecConfig::Set(const std::string& key, double value) {
 SpecConfig& SpecConfig::Set(const std::string& key, int64_t value) {
   return Set(key, static_cast<double>(value));
 }
+SpecConfig& SpecConfig::Set(const std::string& key, uint64_t value) {
+  if (value <= kExactInteger) return Set(key, static_cast<double>(value));
+  return Set(key, std::to_string(value));
+}
 SpecConfig& SpecConfig::Set(const std::string& key, bool value) {
   (*impl_->fields.mutable_fields())[key].set_bool_value(value);
   return *this;
@@ -51,6 +63,13 @@ SpecConfig& SpecConfig::Set(const std::string& key, const std::string& value) {
 }
 
 bool SpecConfig::Has(const std::string& key) const { return impl_->fields.fields().count(key) > 0; }
+
+std::vector<std::string> SpecConfig::Keys() const {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : impl_->fields.fields()) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
 
 namespace {
 
@@ -77,11 +96,30 @@ StatusOr<double> SpecConfig::GetDouble(const std::string& key) const {
 
 StatusOr<int64_t> SpecConfig::GetInt(const std::string& key) const {
   CAPSULE_ASSIGN_OR_RETURN(const double v, GetDouble(key));
-  constexpr double kExact = 9007199254740992.0;  // 2^53
-  if (!(std::fabs(v) <= kExact) || std::floor(v) != v) {
+  if (!(std::fabs(v) <= static_cast<double>(kExactInteger)) || std::floor(v) != v) {
     return InvalidArgumentError("model config \"" + key + "\": not an integer");
   }
   return static_cast<int64_t>(v);
+}
+
+StatusOr<uint64_t> SpecConfig::GetUint(const std::string& key) const {
+  const auto it = impl_->fields.fields().find(key);
+  if (it != impl_->fields.fields().end() &&
+      it->second.kind_case() == google::protobuf::Value::kStringValue) {
+    // Above 2^53 the value is a decimal string (Set(key, uint64_t)).
+    const std::string& digits = it->second.string_value();
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(digits.c_str(), &end, 10);
+    if (digits.empty() || digits.size() > 20 ||
+        !std::isdigit(static_cast<unsigned char>(digits[0])) || *end != '\0' || errno == ERANGE) {
+      return InvalidArgumentError("model config \"" + key + "\": not an unsigned integer");
+    }
+    return uint64_t{v};
+  }
+  CAPSULE_ASSIGN_OR_RETURN(const int64_t v, GetInt(key));
+  if (v < 0) return InvalidArgumentError("model config \"" + key + "\": not an unsigned integer");
+  return static_cast<uint64_t>(v);
 }
 
 StatusOr<bool> SpecConfig::GetBool(const std::string& key) const {
@@ -103,6 +141,9 @@ StatusOr<double> SpecConfig::GetDouble(const std::string& key, double fallback) 
 }
 StatusOr<int64_t> SpecConfig::GetInt(const std::string& key, int64_t fallback) const {
   return Has(key) ? GetInt(key) : StatusOr<int64_t>(fallback);
+}
+StatusOr<uint64_t> SpecConfig::GetUint(const std::string& key, uint64_t fallback) const {
+  return Has(key) ? GetUint(key) : StatusOr<uint64_t>(fallback);
 }
 StatusOr<bool> SpecConfig::GetBool(const std::string& key, bool fallback) const {
   return Has(key) ? GetBool(key) : StatusOr<bool>(fallback);

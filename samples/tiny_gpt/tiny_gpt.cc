@@ -13,7 +13,6 @@
 
 #include "samples/tiny_gpt/internal/attention.h"
 #include "samples/tiny_gpt/internal/block.h"
-#include "samples/tiny_gpt/internal/flat_json.h"
 #include "samples/tiny_gpt/ops.h"
 
 namespace capsule::tiny_gpt {
@@ -314,18 +313,16 @@ StatusOr<std::unique_ptr<TinyGpt>> TinyGpt::FromSpec(const ModelSpecInfo& spec) 
     return InvalidArgumentError("tiny_gpt: model spec names '" + spec.registry_name + "', not '" +
                                 kRegistryName + "'");
   }
-  CAPSULE_ASSIGN_OR_RETURN(TinyGptConfig config, TinyGptConfig::FromJson(spec.config_json));
-  CAPSULE_ASSIGN_OR_RETURN(internal::FlatJsonObject obj,
-                           internal::ParseFlatJsonObject(spec.config_json));
+  StatusOr<SpecConfig> json = SpecConfig::Parse(spec.config_json);
+  if (!json.ok())
+    return InvalidArgumentError("tiny_gpt config: " + std::string(json.status().message()));
+  CAPSULE_ASSIGN_OR_RETURN(TinyGptConfig config, TinyGptConfig::FromSpecConfig(*json));
   CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<TinyGpt> model, Create(config));
-  if (obj.count("step") != 0) {
-    CAPSULE_ASSIGN_OR_RETURN(model->step_, internal::GetInt(obj, "step"));
-  }
-  if (obj.count("fault_armed") != 0) {
-    CAPSULE_ASSIGN_OR_RETURN(model->transient_armed_, internal::GetBool(obj, "fault_armed"));
-  }
-  if (obj.count("disabled_features") != 0) {
-    CAPSULE_ASSIGN_OR_RETURN(std::string off, internal::GetString(obj, "disabled_features"));
+  CAPSULE_ASSIGN_OR_RETURN(model->step_, json->GetInt("step", model->step_));
+  CAPSULE_ASSIGN_OR_RETURN(model->transient_armed_,
+                           json->GetBool("fault_armed", model->transient_armed_));
+  if (json->Has("disabled_features")) {
+    CAPSULE_ASSIGN_OR_RETURN(std::string off, json->GetString("disabled_features"));
     std::set<std::string> disabled;
     for (size_t start = 0; start < off.size();) {
       const size_t comma = std::min(off.find(',', start), off.size());
@@ -445,11 +442,8 @@ std::vector<at::Tensor> TinyGpt::parameters() const {
 }
 
 ModelSpecInfo TinyGpt::Spec() const {
-  // ToJson always closes a non-empty object, so the runtime keys are spliced in before its '}'.
-  std::string json = config_.ToJson();
-  json.pop_back();
-  json += ",\"step\":" + std::to_string(step_) +
-          ",\"fault_armed\":" + (transient_armed_ ? "true" : "false");
+  SpecConfig json = config_.ToSpecConfig();
+  json.Set("step", step_).Set("fault_armed", transient_armed_);
   const std::vector<std::string> on = EnabledFeatures();
   std::string off;
   for (const std::string& name : FeatureSwitches()) {
@@ -457,8 +451,8 @@ ModelSpecInfo TinyGpt::Spec() const {
     off += (off.empty() ? "" : ",") + name;
   }
   // Only when a switch is off, so that the specs of every earlier capsule stay as they were.
-  if (!off.empty()) json += ",\"disabled_features\":\"" + off + "\"";
-  return {kRegistryName, json + "}"};
+  if (!off.empty()) json.Set("disabled_features", off);
+  return {kRegistryName, json.ToJson()};
 }
 
 std::vector<std::string> TinyGpt::FeatureSwitches() const {

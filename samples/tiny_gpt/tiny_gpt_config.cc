@@ -4,12 +4,8 @@
 #include <cstdlib>
 #include <set>
 
-#include "samples/tiny_gpt/internal/flat_json.h"
-
 namespace capsule::tiny_gpt {
 namespace {
-
-using internal::FlatJsonObject;
 
 constexpr char kBlockPrefix[] = "blocks.";
 
@@ -17,14 +13,6 @@ bool IsBlock(std::string_view layer) { return layer.rfind(kBlockPrefix, 0) == 0;
 
 Status ConfigError(const std::string& message) {
   return InvalidArgumentError("tiny_gpt config: " + message);
-}
-
-// Reads `key` into `*out` when present; absent keys keep the default.
-template <typename T, typename Getter>
-Status ReadOptional(const FlatJsonObject& obj, const std::string& key, Getter get, T* out) {
-  if (obj.count(key) == 0) return Status::Ok();
-  CAPSULE_ASSIGN_OR_RETURN(*out, get(obj, key));
-  return Status::Ok();
 }
 
 }  // namespace
@@ -153,61 +141,76 @@ Status TinyGptConfig::ValidateDecodeFault() const {
   return Status::Ok();
 }
 
-std::string TinyGptConfig::ToJson() const {
-  internal::FlatJsonWriter w;
-  w.Add("vocab_size", vocab_size);
-  w.Add("d_model", d_model);
-  w.Add("n_heads", n_heads);
-  w.Add("n_layers", n_layers);
-  w.Add("seq_len", seq_len);
-  w.Add("mlp_mult", mlp_mult);
-  w.Add("dropout", dropout);
-  w.Add("layer_norm_eps", layer_norm_eps);
-  w.Add("seed", seed);
-  w.Add("fault", std::string(FaultKindName(fault.kind)));
-  w.Add("fault_layer", fault.layer);
-  w.Add("fault_from_step", fault.from_step);
+SpecConfig TinyGptConfig::ToSpecConfig() const {
+  SpecConfig c;
+  c.Set("vocab_size", vocab_size)
+      .Set("d_model", d_model)
+      .Set("n_heads", n_heads)
+      .Set("n_layers", n_layers)
+      .Set("seq_len", seq_len)
+      .Set("mlp_mult", mlp_mult)
+      .Set("dropout", dropout)
+      .Set("layer_norm_eps", layer_norm_eps)
+      .Set("seed", seed)
+      .Set("fault", std::string(FaultKindName(fault.kind)))
+      .Set("fault_layer", fault.layer)
+      .Set("fault_from_step", fault.from_step);
+  // The inference options only when set, so that a config without them reads as before.
   const TinyGptConfig defaults;
-  if (rope) w.Add("rope", rope);
-  if (rope_base != defaults.rope_base) w.Add("rope_base", rope_base);
-  if (rope_scale != defaults.rope_scale) w.Add("rope_scale", rope_scale);
-  if (n_kv_heads != defaults.n_kv_heads) w.Add("n_kv_heads", n_kv_heads);
-  if (pad_mask) w.Add("pad_mask", pad_mask);
-  return w.Finish();
+  if (rope) c.Set("rope", rope);
+  if (rope_base != defaults.rope_base) c.Set("rope_base", rope_base);
+  if (rope_scale != defaults.rope_scale) c.Set("rope_scale", rope_scale);
+  if (n_kv_heads != defaults.n_kv_heads) c.Set("n_kv_heads", n_kv_heads);
+  if (pad_mask) c.Set("pad_mask", pad_mask);
+  return c;
 }
 
+std::string TinyGptConfig::ToJson() const { return ToSpecConfig().ToJson(); }
+
 StatusOr<TinyGptConfig> TinyGptConfig::FromJson(std::string_view json) {
-  CAPSULE_ASSIGN_OR_RETURN(FlatJsonObject obj, internal::ParseFlatJsonObject(json));
+  StatusOr<SpecConfig> parsed = SpecConfig::Parse(json);
+  if (!parsed.ok()) return ConfigError(std::string(parsed.status().message()));
+  return FromSpecConfig(*parsed);
+}
+
+StatusOr<TinyGptConfig> TinyGptConfig::FromSpecConfig(const SpecConfig& s) {
   static const std::set<std::string> kKnown = {
       "vocab_size",  "d_model",         "n_heads",        "n_layers",    "seq_len",
       "mlp_mult",    "dropout",         "layer_norm_eps", "seed",        "fault",
       "fault_layer", "fault_from_step", "step",           "fault_armed", "disabled_features",
       "rope",        "rope_base",       "rope_scale",     "n_kv_heads",  "pad_mask"};
-  for (const auto& [key, value] : obj) {
+  for (const std::string& key : s.Keys()) {
     if (kKnown.count(key) == 0) return ConfigError("unknown key \"" + key + "\"");
   }
+  // Absent keys keep the defaults; a value of the wrong type is refused.
   TinyGptConfig c;
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "vocab_size", internal::GetInt, &c.vocab_size));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "d_model", internal::GetInt, &c.d_model));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "n_heads", internal::GetInt, &c.n_heads));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "n_layers", internal::GetInt, &c.n_layers));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "seq_len", internal::GetInt, &c.seq_len));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "mlp_mult", internal::GetInt, &c.mlp_mult));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "dropout", internal::GetDouble, &c.dropout));
-  CAPSULE_RETURN_IF_ERROR(
-      ReadOptional(obj, "layer_norm_eps", internal::GetDouble, &c.layer_norm_eps));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "seed", internal::GetUint, &c.seed));
-  std::string kind_name = "none";
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "fault", internal::GetString, &kind_name));
-  CAPSULE_ASSIGN_OR_RETURN(c.fault.kind, ParseFaultKind(kind_name));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "fault_layer", internal::GetString, &c.fault.layer));
-  CAPSULE_RETURN_IF_ERROR(
-      ReadOptional(obj, "fault_from_step", internal::GetInt, &c.fault.from_step));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "rope", internal::GetBool, &c.rope));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "rope_base", internal::GetDouble, &c.rope_base));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "rope_scale", internal::GetDouble, &c.rope_scale));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "n_kv_heads", internal::GetInt, &c.n_kv_heads));
-  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "pad_mask", internal::GetBool, &c.pad_mask));
+  const Status read = [&]() -> Status {
+    CAPSULE_ASSIGN_OR_RETURN(c.vocab_size, s.GetInt("vocab_size", c.vocab_size));
+    CAPSULE_ASSIGN_OR_RETURN(c.d_model, s.GetInt("d_model", c.d_model));
+    CAPSULE_ASSIGN_OR_RETURN(c.n_heads, s.GetInt("n_heads", c.n_heads));
+    CAPSULE_ASSIGN_OR_RETURN(c.n_layers, s.GetInt("n_layers", c.n_layers));
+    CAPSULE_ASSIGN_OR_RETURN(c.seq_len, s.GetInt("seq_len", c.seq_len));
+    CAPSULE_ASSIGN_OR_RETURN(c.mlp_mult, s.GetInt("mlp_mult", c.mlp_mult));
+    CAPSULE_ASSIGN_OR_RETURN(c.dropout, s.GetDouble("dropout", c.dropout));
+    CAPSULE_ASSIGN_OR_RETURN(c.layer_norm_eps, s.GetDouble("layer_norm_eps", c.layer_norm_eps));
+    CAPSULE_ASSIGN_OR_RETURN(c.seed, s.GetUint("seed", c.seed));
+    std::string kind_name = "none";
+    if (s.Has("fault")) {
+      CAPSULE_ASSIGN_OR_RETURN(kind_name, s.GetString("fault"));
+    }
+    CAPSULE_ASSIGN_OR_RETURN(c.fault.kind, ParseFaultKind(kind_name));
+    if (s.Has("fault_layer")) {
+      CAPSULE_ASSIGN_OR_RETURN(c.fault.layer, s.GetString("fault_layer"));
+    }
+    CAPSULE_ASSIGN_OR_RETURN(c.fault.from_step, s.GetInt("fault_from_step", c.fault.from_step));
+    CAPSULE_ASSIGN_OR_RETURN(c.rope, s.GetBool("rope", c.rope));
+    CAPSULE_ASSIGN_OR_RETURN(c.rope_base, s.GetDouble("rope_base", c.rope_base));
+    CAPSULE_ASSIGN_OR_RETURN(c.rope_scale, s.GetDouble("rope_scale", c.rope_scale));
+    CAPSULE_ASSIGN_OR_RETURN(c.n_kv_heads, s.GetInt("n_kv_heads", c.n_kv_heads));
+    CAPSULE_ASSIGN_OR_RETURN(c.pad_mask, s.GetBool("pad_mask", c.pad_mask));
+    return Status::Ok();
+  }();
+  if (!read.ok()) return ConfigError(std::string(read.message()));
   CAPSULE_RETURN_IF_ERROR(c.Validate());
   return c;
 }

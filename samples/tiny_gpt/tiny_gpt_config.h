@@ -2,11 +2,12 @@
 //
 // The JSON form is the construction config a capsule stores in its model spec; replay hands it back
 // to the model registry, which rebuilds the same architecture, initial weights (from `seed`) and
-// injected fault. It is a flat object of numbers and strings so that a person can read and edit it.
+// injected fault. It is a flat object of numbers and strings so that a person can read and edit it,
+// written and read through SpecConfig (protobuf's JSON mapping), keys sorted.
 //
 //   TinyGptConfig config;
 //   config.n_layers = 6;
-//   std::string json = config.ToJson();   // {"vocab_size":256,"d_model":64,...}
+//   std::string json = config.ToJson();   // {"d_model":64,"dropout":0,...}
 //   CAPSULE_ASSIGN_OR_RETURN(TinyGptConfig same, TinyGptConfig::FromJson(json));
 //
 // Thread safety: a value type.
@@ -18,6 +19,7 @@
 #include <string_view>
 
 #include "capsule/base/status.h"
+#include "capsule/model/spec_config.h"
 #include "samples/tiny_gpt/faults.h"
 
 namespace capsule::tiny_gpt {
@@ -33,8 +35,7 @@ struct TinyGptConfig {
   double layer_norm_eps = 1e-5;
   uint64_t seed = 0;  // initial weights; JSON keeps it exact up to 2^64 - 1
   FaultSpec fault;    // injected fault (kind none by default)
-  // Inference options, all off by default (ToJson writes them only when set, so the configs of
-  // earlier capsules stay byte for byte what they were):
+  // Inference options, all off by default (ToJson writes them only when set):
   bool rope = false;  // rotary position embeddings on q and k instead of the learned table
   double rope_base = 10000.0;
   double rope_scale = 1.0;  // linear position interpolation: angles use position / rope_scale
@@ -49,13 +50,15 @@ struct TinyGptConfig {
   // where that kind has no effect.
   Status Validate() const;
 
-  std::string ToJson() const;
+  SpecConfig ToSpecConfig() const;
+  std::string ToJson() const;  // ToSpecConfig().ToJson()
 
   // Reads what ToJson writes. Absent fields keep their defaults, so configs written before a field
   // existed still load; unknown keys are refused (a misspelt key would otherwise be ignored
   // silently). Also accepts the runtime keys TinyGpt::Spec adds ("step", "fault_armed"), which are
   // read by TinyGpt::FromSpec.
   static StatusOr<TinyGptConfig> FromJson(std::string_view json);
+  static StatusOr<TinyGptConfig> FromSpecConfig(const SpecConfig& config);
 
   // Layers in execution order: "embed", "blocks.0" ... "blocks.{n_layers-1}", "ln_f", "lm_head",
   // "loss".

@@ -32,5 +32,23 @@ TEST(SpecConfigTest, MissingWrongTypeAndDefaults) {
   EXPECT_EQ(SpecConfig::Parse("{").status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(SpecConfigTest, UnsignedValuesStayExactAndKeysAreListed) {
+  SpecConfig c;
+  c.Set("small", uint64_t{7}).Set("huge", uint64_t{18446744073709551615ull});
+  // A number while a double holds it exactly; protobuf's decimal string for 64-bit values above.
+  EXPECT_EQ(c.ToJson(), R"({"huge":"18446744073709551615","small":7})");
+  auto back = SpecConfig::Parse(c.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back->GetUint("huge"), 18446744073709551615ull);
+  EXPECT_EQ(*back->GetUint("small"), 7u);
+  EXPECT_EQ(*back->GetUint("absent", 3), 3u);
+  EXPECT_EQ(back->Keys(), (std::vector<std::string>{"huge", "small"}));
+  auto bad = SpecConfig::Parse(R"({"n": -1, "s": "1e3", "t": "", "u": 2.5})");
+  ASSERT_TRUE(bad.ok());
+  for (const char* key : {"n", "s", "t", "u"}) {
+    EXPECT_EQ(bad->GetUint(key).status().code(), StatusCode::kInvalidArgument) << key;
+  }
+}
+
 }  // namespace
 }  // namespace capsule

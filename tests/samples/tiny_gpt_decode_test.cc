@@ -82,11 +82,19 @@ at::Tensor FullLogits(TinyGpt& model, PathKind path, const LayerBatch& batch) {
 }
 
 TEST(InferenceOptions, OffLeaveTheConfigJsonAsItWas) {
-  // The JSON every earlier capsule's model spec holds.
+  // With the inference options off, their keys are not written.
   EXPECT_EQ(TinyGptConfig{}.ToJson(),
-            "{\"vocab_size\":256,\"d_model\":64,\"n_heads\":4,\"n_layers\":4,\"seq_len\":32,"
-            "\"mlp_mult\":4,\"dropout\":0,\"layer_norm_eps\":1e-05,\"seed\":0,\"fault\":\"none\","
-            "\"fault_layer\":\"\",\"fault_from_step\":0}");
+            "{\"d_model\":64,\"dropout\":0,\"fault\":\"none\",\"fault_from_step\":0,"
+            "\"fault_layer\":\"\",\"layer_norm_eps\":1e-05,\"mlp_mult\":4,\"n_heads\":4,"
+            "\"n_layers\":4,\"seed\":0,\"seq_len\":32,\"vocab_size\":256}");
+  // The JSON every earlier capsule's model spec holds (keys in declaration order) still loads as
+  // the same config.
+  StatusOr<TinyGptConfig> earlier = TinyGptConfig::FromJson(
+      "{\"vocab_size\":256,\"d_model\":64,\"n_heads\":4,\"n_layers\":4,\"seq_len\":32,"
+      "\"mlp_mult\":4,\"dropout\":0,\"layer_norm_eps\":1e-05,\"seed\":0,\"fault\":\"none\","
+      "\"fault_layer\":\"\",\"fault_from_step\":0}");
+  ASSERT_TRUE(earlier.ok()) << earlier.status();
+  EXPECT_EQ(earlier->ToJson(), TinyGptConfig{}.ToJson());
 }
 
 TEST(InferenceOptions, RoundTripThroughJson) {

@@ -142,18 +142,20 @@ TEST(TinyGptConfig, FromJsonKeepsDefaultsForAbsentKeys) {
 TEST(TinyGptConfig, FromJsonRejectsBadInput) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"d_modle":64})", "unknown key \"d_modle\""},
-      {R"({"d_model":"64"})", "\"d_model\" must be a number"},
-      {R"({"d_model":64.5})", "\"d_model\" must be an integer"},
+      {R"({"d_model":"64"})", "\"d_model\": not a number"},
+      {R"({"d_model":64.5})", "\"d_model\": not an integer"},
       {R"({"d_model":62})", "multiple of n_heads"},
-      {R"({"seed":-1})", "\"seed\" must be an unsigned integer"},
-      {R"({"n_layers":1,"n_layers":2})", "duplicate key"},
-      {R"({"n_layers":1} x)", "trailing bytes"},
-      {R"({"n_layers":{}})", "expected a number"},
+      {R"({"seed":-1})", "\"seed\": not an unsigned integer"},
+      {R"({"seed":"18446744073709551616"})", "\"seed\": not an unsigned integer"},
+      {R"({"seed":"-5"})", "\"seed\": not an unsigned integer"},
+      {R"({"n_layers":1,"n_layers":2})", "Repeated map key"},
+      {R"({"n_layers":1} x)", "Parsing terminated before end of input"},
+      {R"({"n_layers":{}})", "\"n_layers\": not a number"},
       {R"({"fault":"nan","fault_layer":"blocks.4"})", "unknown layer 'blocks.4'"},
       {R"({"fault":"tail-block","fault_layer":"ln_f"})", "needs a block layer"},
       {R"({"fault":"eps","fault_layer":"lm_head"})", "layer with a layer norm"},
       {R"({"fault":"sideways"})", "unknown fault kind 'sideways'"},
-      {"", "expected '{'"},
+      {"", "not a JSON object"},
   };
   for (const auto& [json, message] : cases) {
     StatusOr<TinyGptConfig> c = TinyGptConfig::FromJson(json);
