@@ -16,6 +16,7 @@
 #include "capsule/format/envelope.h"
 #include "capsule/format/signing.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/report/replay_tool.h"
 
 namespace capsule::cli {
 
@@ -116,17 +117,17 @@ StatusOr<ReadOptions> MakeReadOptions(const std::vector<std::string>& pubkeys,
 void AddTrustOptions(CLI::App* cmd, TrustOptions* trust, CapsuleUse use) {
   trust->command = cmd->get_name();
   trust->use = use;
-  cmd->add_option("--pubkey", trust->pubkeys,
+  cmd->add_option(flags::kPubkey, trust->pubkeys,
                   "Trusted public key (PEM); repeatable. A capsule is trusted when one of these "
                   "signed it (and the capsules it was made from were trusted by its maker)")
       ->check(CLI::ExistingFile);
-  cmd->add_flag("--allow-untrusted", trust->allow_untrusted,
+  cmd->add_flag(flags::kAllowUntrusted, trust->allow_untrusted,
                 use == CapsuleUse::kAct
                     ? "Use a capsule no --pubkey key vouches for (signed by another key, or made "
                       "from an untrusted capsule); its trust is stated"
                     : "With --pubkey, also read a capsule no --pubkey key vouches for; its trust "
                       "is stated (without --pubkey every signed capsule is read)");
-  cmd->add_flag("--allow-unsigned", trust->allow_unsigned,
+  cmd->add_flag(flags::kAllowUnsigned, trust->allow_unsigned,
                 "Also accept an unsigned capsule, or one made from an unsigned capsule (implies "
                 "--allow-untrusted); its trust is stated");
 }

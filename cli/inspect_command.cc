@@ -1,7 +1,6 @@
 #include "capsule/cli/inspect_command.h"
 
 #include <iostream>
-#include <sstream>
 
 #include "capsule/base/internal/printable.h"
 #include "capsule/base/internal/sha256.h"
@@ -11,28 +10,28 @@
 #include "capsule/format/capsule_reader.h"
 #include "capsule/format/json.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/proto/report.pb.h"
 #include "capsule/report/inspect_text.h"
 
 namespace capsule::cli {
 namespace {
 
-std::string EnvelopeJson(const EnvelopeInfo& e) {
-  std::ostringstream os;
-  os << "{\"format_version\":\"" << e.header.major << "." << e.header.minor << "\""
-     << ",\"header_size\":" << e.header.header_size
-     << ",\"required_flags\":" << e.header.required_flags
-     << ",\"optional_flags\":" << e.header.optional_flags
-     << ",\"payload_size\":" << e.header.payload_size
-     << ",\"uncompressed_size\":" << e.header.uncompressed_size << ",\"file_size\":" << e.file_size
-     << ",\"signature_algorithm\":\""
-     << (e.signature_algorithm == kSigAlgEd25519 ? "ed25519" : "none") << "\""
-     << ",\"signature\":\"" << SignatureStateName(e.signature) << "\""
-     << ",\"signer_key_id\":"
-     << (e.signature_algorithm == kSigAlgNone ? "null" : "\"" + HexEncode(e.key_id) + "\"")
-     << ",\"signer_key\":"
-     << (e.signer_key.empty() ? "null" : "\"" + HexEncode(e.signer_key) + "\"") << ",\"digest\":\""
-     << HexEncode(e.digest) << "\"}";
-  return os.str();
+v1::EnvelopeView EnvelopeMessage(const EnvelopeInfo& e, const v1::InputTrust& trust) {
+  v1::EnvelopeView v;
+  v.set_format_version(std::to_string(e.header.major) + "." + std::to_string(e.header.minor));
+  v.set_header_size(e.header.header_size);
+  v.set_required_flags(e.header.required_flags);
+  v.set_optional_flags(e.header.optional_flags);
+  v.set_payload_size(e.header.payload_size);
+  v.set_uncompressed_size(e.header.uncompressed_size);
+  v.set_file_size(e.file_size);
+  v.set_signature_algorithm(e.signature_algorithm == kSigAlgEd25519 ? "ed25519" : "none");
+  v.set_signature(SignatureStateName(e.signature));
+  if (e.signature_algorithm != kSigAlgNone) v.set_signer_key_id(HexEncode(e.key_id));
+  if (!e.signer_key.empty()) v.set_signer_key(HexEncode(e.signer_key));
+  v.set_digest(HexEncode(e.digest));
+  *v.mutable_trust() = trust;
+  return v;
 }
 
 }  // namespace
@@ -65,15 +64,10 @@ int RunInspectCommand(const InspectOptions& options) {
   if (!options.full) {
     for (auto& t : *c.mutable_tensors()) t.clear_data();  // sha256 and meta still identify them
   }
-  const std::string body = MessageToJson(c, JsonDefaults::kOmitted);
-  // Splice the envelope, with how far this reading trusts the capsule, in as the first member of
-  // the capsule's own object.
-  const std::string trust = MessageToJson(loaded->trust);
-  std::string envelope = EnvelopeJson(decoded->envelope);
-  envelope.insert(envelope.size() - 1, ",\"trust\":" + trust);
-  std::string out = "{\"envelope\":" + envelope;
-  out += body.size() > 2 ? "," + body.substr(1) : "}";
-  std::cout << out << "\n";
+  // The capsule as it was written, with its envelope (and how far this reading trusts it) first.
+  std::cout << MessageToJsonWithFirst("envelope", EnvelopeMessage(decoded->envelope, loaded->trust),
+                                      c, JsonDefaults::kOmitted)
+            << "\n";
   return kExitOk;
 }
 

@@ -10,6 +10,7 @@
 #include "capsule/format/redact.h"
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/replay_report.pb.h"
+#include "capsule/report/replay_tool.h"
 #include "capsule/report/report.h"
 
 namespace capsule::cli {
@@ -24,7 +25,7 @@ void SetupReportCommand(CLI::App& app, RunFn* run) {
   cmd->add_option("--replay-json", options->replay_json,
                   "Include a replay result (`capsule replay --json` output)")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--redact", options->redact,
+  cmd->add_option(flags::kRedact, options->redact,
                   "Leave out of the report: comma-separated " + JoinRedactItemNames(", "));
   AddTrustOptions(cmd, &options->trust, CapsuleUse::kShow);
   cmd->add_option("-o,--out", options->out, "Output file (written atomically); default stdout");
@@ -36,7 +37,7 @@ int RunReportCommand(const ReportCliOptions& o) {
   ReportOptions report_options;
   auto redact = ParseRedactItemList(o.redact);
   if (!redact.ok()) {
-    PrintError(redact.status().WithContext("--redact"));
+    PrintError(redact.status().WithContext(flags::kRedact));
     return kExitError;
   }
   report_options.redact = *redact;

@@ -32,6 +32,13 @@ enum class JsonDefaults {
 std::string MessageToJson(const google::protobuf::Message& message,
                           JsonDefaults defaults = JsonDefaults::kPrinted);
 
+// `message`'s object with one more member before its own: `name`, holding `first` (printed with
+// every field). For a record whose JSON readers already know, shown with what surrounds it
+// (`capsule inspect --json`: the capsule, with its envelope first).
+std::string MessageToJsonWithFirst(const std::string& name, const google::protobuf::Message& first,
+                                   const google::protobuf::Message& message,
+                                   JsonDefaults defaults = JsonDefaults::kPrinted);
+
 }  // namespace capsule
 
 #endif  // CAPSULE_FORMAT_JSON_H_

@@ -9,6 +9,7 @@
 #include "capsule/base/internal/strings.h"
 #include "capsule/format/derivation.h"
 #include "capsule/proto/capsule.pb.h"
+#include "capsule/report/replay_tool.h"
 
 namespace capsule {
 namespace {
@@ -86,9 +87,9 @@ void SummaryEnvelope(const std::string& file, const DecodedCapsule& d, std::ostr
   out << "  signature: " << SignatureStateName(e.signature);
   if (e.signature_algorithm != kSigAlgNone) out << ", ed25519 key " << HexEncode(e.key_id);
   if (e.signature == SignatureState::kValidUnknownSigner) {
-    out << " (not a trusted key: --pubkey SIGNER.pub trusts it)";
+    out << " (not a trusted key: " << PubkeyArgument() << " trusts it)";
   } else if (e.signature == SignatureState::kNotChecked) {
-    out << " (format 1.0 carries no signer key: --pubkey SIGNER.pub checks it)";
+    out << " (format 1.0 carries no signer key: " << PubkeyArgument() << " checks it)";
   }
   out << "\n";
   out << "  written by capsule " << PrintableShort(c.writer_version()) << " at "

@@ -4,6 +4,8 @@
 
 namespace capsule {
 
+std::string PubkeyArgument() { return std::string(flags::kPubkey) + " SIGNER.pub"; }
+
 bool WrittenFromPython(const v1::Capsule& capsule) {
   return capsule.environment().libraries().count("python") != 0;
 }

@@ -1,3 +1,7 @@
+// The commands a report tells its reader to run, and the flags they use. The flags are spelled
+// once, here: the CLI declares its options with the same constants (cli/common.cc), so a report
+// never names a flag the tool does not have.
+//
 // How a capsule is replayed: the command that can run its model. A capsule written by a C++
 // trainer replays with `capsule` and the model's plugin; one written from the Python package
 // (its environment lists "python", snapshot/internal/environment.h) with `python3 -P -m capsule`
@@ -16,6 +20,16 @@
 #include "capsule/format/capsule_fwd.h"
 
 namespace capsule {
+
+namespace flags {
+inline constexpr char kPubkey[] = "--pubkey";  // a trusted public key (PEM)
+inline constexpr char kAllowUntrusted[] = "--allow-untrusted";
+inline constexpr char kAllowUnsigned[] = "--allow-unsigned";
+inline constexpr char kRedact[] = "--redact";  // leave a capture section out
+}  // namespace flags
+
+// "--pubkey SIGNER.pub": the argument that names the key a reader trusts.
+std::string PubkeyArgument();
 
 struct ReplayTool {
   std::string program;     // "capsule" or "python3 -P -m capsule"

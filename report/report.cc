@@ -260,11 +260,13 @@ void FillTrust(const v1::Capsule& c, const EnvelopeInfo& envelope, const ReportO
         "contents as untrusted";
   } else if (envelope.signature == SignatureState::kValidUnknownSigner) {
     m->trust_warning = "this capsule's signature is valid, but signer key " + m->signer_key_id +
-                       " is not a trusted key (--pubkey): it is unaltered since that key signed "
+                       " is not a trusted key (" + flags::kPubkey +
+                       "): it is unaltered since that key signed "
                        "it, not proof of who holds the key; treat its contents as untrusted";
   } else if (envelope.signature == SignatureState::kNotChecked) {
     m->trust_warning = "this capsule's signature was NOT CHECKED: signer key " + m->signer_key_id +
-                       " is not a trusted key (--pubkey); treat its contents as untrusted";
+                       " is not a trusted key (" + flags::kPubkey +
+                       "); treat its contents as untrusted";
   }
   // Whoever signed it, what it was made from is only as trusted as its maker found it.
   for (const v1::Derivation& d : c.derivations()) m->derivations.push_back(DescribeDerivation(d));
@@ -474,10 +476,10 @@ void Summarize(ReportModel* m) {
 // The commands that verify and replay the capsule.
 void FillCommands(const v1::Capsule& c, const EnvelopeInfo& envelope, ReportModel* m) {
   const std::string trust =
-      envelope.signature == SignatureState::kUnsigned ? "--allow-unsigned" : "--pubkey SIGNER.pub";
+      envelope.signature == SignatureState::kUnsigned ? flags::kAllowUnsigned : PubkeyArgument();
   // A name a shell could not be given as typed is shown escaped (base/internal/printable.h).
   const std::string file = ShellQuote(Printable(m->file_name));
-  m->verify_command = "capsule verify " + file + " --pubkey SIGNER.pub";
+  m->verify_command = "capsule verify " + file + " " + PubkeyArgument();
   const ReplayTool tool = ReplayToolFor(c);
   m->replay_command =
       tool.program + " replay " + file + " " + tool.model_args + " " + trust + " --bisect";

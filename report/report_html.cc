@@ -10,6 +10,7 @@
 #include "capsule/base/internal/strings.h"
 #include "capsule/report/internal/parity_section.h"
 #include "capsule/report/internal/text.h"
+#include "capsule/report/replay_tool.h"
 #include "capsule/report/report.h"
 
 namespace capsule {
@@ -348,7 +349,7 @@ void Provenance(std::ostream& out, const ReportModel& m) {
       out << (i ? "; " : "") << HtmlEscape(m.private_data[i].value);
       items += (i ? "," : "") + m.private_data[i].key;
     }
-    out << ". Leave it out with <code>--redact " << items << "</code>.</p>\n";
+    out << ". Leave it out with <code>" << flags::kRedact << " " << items << "</code>.</p>\n";
   }
   if (!m.left_out.empty()) {
     out << "<p class=\"warning\" id=\"left-out\">Shortened to stay readable: ";

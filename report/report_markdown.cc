@@ -8,6 +8,7 @@
 #include "capsule/base/internal/strings.h"
 #include "capsule/report/internal/parity_section.h"
 #include "capsule/report/internal/text.h"
+#include "capsule/report/replay_tool.h"
 #include "capsule/report/report.h"
 
 namespace capsule {
@@ -138,7 +139,7 @@ void PrivateData(std::ostream& out, const ReportModel& m) {
     out << (i ? "; " : "") << MarkdownEscape(m.private_data[i].value);
     items += (i ? "," : "") + m.private_data[i].key;
   }
-  out << ". Leave it out with `--redact " << items << "`.\n\n";
+  out << ". Leave it out with `" << flags::kRedact << " " << items << "`.\n\n";
 }
 
 void Diagnosis(std::ostream& out, const ReportModel& m) {
