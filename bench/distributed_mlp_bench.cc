@@ -117,7 +117,9 @@ int RunRank(const BenchOptions& o, int rank, const std::string& store_path,
     loss.backward();
     const double l = loss.item<double>();
     for (size_t i = 0; i < params.size(); ++i) {
-      if (armed) {
+      if (armed && i + 1 == params.size() && !o.separate_agreement) {
+        (*dist)->ReduceGradients({params[i]}, GradReduce::kMean, "grads", Distributed::StepEnd{l});
+      } else if (armed) {
         (*dist)->ReduceGradients({params[i]}, GradReduce::kMean);
       } else {
         std::vector<at::Tensor> one{params[i].grad()};
