@@ -896,7 +896,7 @@ AgreementResult Distributed::Agree(int64_t step, TriggerKind local, int loss_ran
     impl_->SetPositionLocked("step " + std::to_string(step) + ": end of step (agreement)");
   }
   result.ran = true;
-  result.piggy_backed = !all.empty();
+  result.rows_carried = !all.empty();
   if (all.empty()) {
     at::Tensor rows = at::zeros({world, kAgreeColumns}, at::kDouble);
     double* row = rows.data_ptr<double>() + impl_->rank * kAgreeColumns;

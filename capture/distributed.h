@@ -131,7 +131,7 @@ struct AgreementResult {
   bool reduction_not_a_mean = false;  // the reduced norm exceeds the mean of the local norms
   double reduction_ratio = 0;         // reduced norm / mean of local norms
   std::string summary;                // one line for the capsule's trigger message
-  bool piggy_backed = false;          // the rows came with the step's marked reduction
+  bool rows_carried = false;          // the rows came with the step's marked reduction
 };
 
 class Distributed {
@@ -198,7 +198,9 @@ class Distributed {
   // travel in 16-bit parts); any other dtype, or agree_on_triggers off, reduces as unmarked and
   // EndStep runs its own agreement all-reduce. Every rank must mark the same reduction (the
   // trainer's code does the same on every rank), and no gradient reduction may follow it in the
-  // step: a later one's health is recorded, but not in the step's row.
+  // step: a later one's health is recorded, but not in the step's row. ReduceBucket copies the
+  // bucket into one with room for the rows and back (world x 10 elements more); ReduceGradients
+  // of several gradients makes that room in the flattening copy it makes anyway.
   //
   // What the row can carry is what each rank knows before the reduction: its loss (`loss`,
   // checked here against the loss triggers, NON_FINITE_LOSS and LOSS_SPIKE, so every rank learns

@@ -394,7 +394,7 @@ StepReport Monitor::EndStep(const StepScalars& scalars) {
     lock.lock();
     // Rows that came with the marked reduction carry the loss trigger checked there: this rank
     // captures what the others were told it fired.
-    if (a.piggy_backed && fired.kind == TriggerKind::kNone) fired = state_->loss_fired;
+    if (a.rows_carried && fired.kind == TriggerKind::kNone) fired = state_->loss_fired;
     // A failed agreement already wrote its COLLECTIVE_ERROR capsule (when the Monitor could);
     // the trainer hears of it here, in the report's status and summary.
     if (a.ran && !a.status.ok()) {

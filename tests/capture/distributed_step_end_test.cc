@@ -196,7 +196,7 @@ TEST_P(StepEndTest, TheCarriedRowsFindDesyncedReplicasAndASumThatShouldBeAMean) 
     SCOPED_TRACE("rank " + std::to_string(rank));
     const AgreementResult& a = results[rank];
     ASSERT_TRUE(a.ran && a.status.ok()) << a.status;
-    EXPECT_EQ(a.piggy_backed, marked());
+    EXPECT_EQ(a.rows_carried, marked());
     EXPECT_TRUE(a.fired.empty());
     EXPECT_EQ(a.desynced_ranks, std::vector<int>{1});
     EXPECT_TRUE(a.reduction_not_a_mean);
@@ -206,6 +206,32 @@ TEST_P(StepEndTest, TheCarriedRowsFindDesyncedReplicasAndASumThatShouldBeAMean) 
     ASSERT_EQ(rec.rank_local_norms_size(), world);
     EXPECT_NEAR(rec.rank_local_norms(rank), rec.local_norm(), 1e-6 * rec.local_norm());
     EXPECT_EQ(rings[rank].distributed().collectives_size(), marked() ? 1 : 2);
+  }
+}
+
+TEST(StepEndRowTest, ANonFiniteCountPastSixteenBitsComesBackWhole) {
+  // The count travels in 16-bit parts of a float32 row: 70,001 NaNs need two of them.
+  constexpr int world = 2;
+  std::vector<v1::Capsule> rings(world);
+  OnRanks(world, [&](int rank, std::shared_ptr<Distributed> d) {
+    d->OnBeginStep(0, {}, {}, 0, 0, {});
+    at::Tensor bucket = at::ones({80000}, at::kFloat);
+    if (rank == 1) bucket.narrow(0, 0, 70001).fill_(NAN);
+    d->ReduceBucket(bucket, GradReduce::kMean, "grads", Distributed::StepEnd{1.0});
+    const AgreementResult a = d->Agree(0, TriggerKind::kNone, 1);
+    EXPECT_TRUE(a.rows_carried);
+    EXPECT_EQ(bucket.numel(), 80000);
+    EXPECT_TRUE(std::isnan(bucket[0].item<float>()));
+    EXPECT_EQ(bucket[79999].item<float>(), 1.0f);  // (1 + 1) / 2: the row did not shift it
+    d->FillSection(&rings[rank]);
+  });
+  for (const v1::Capsule& c : rings) {
+    ASSERT_EQ(c.distributed().reductions_size(), 1);
+    const v1::GradReduction& r = c.distributed().reductions(0);
+    ASSERT_EQ(r.rank_local_non_finite_size(), world);
+    EXPECT_EQ(r.rank_local_non_finite(0), 0);
+    EXPECT_EQ(r.rank_local_non_finite(1), 70001);
+    EXPECT_EQ(c.distributed().collectives(0).numel(), 80000 + world * 10);
   }
 }
 
@@ -235,7 +261,7 @@ TEST(StepEndFallbackTest, AHalfBucketOrNoMarkedReductionAgreesInItsOwnCollective
       SCOPED_TRACE("rank " + std::to_string(rank));
       const AgreementResult& a = results[rank];
       ASSERT_TRUE(a.ran && a.status.ok()) << a.status;
-      EXPECT_FALSE(a.piggy_backed);
+      EXPECT_FALSE(a.rows_carried);
       ASSERT_EQ(a.fired.size(), 1u);
       EXPECT_EQ(a.fired[0].first, last);
       EXPECT_EQ(a.fired[0].second, TriggerKind::kNonFiniteLoss);
