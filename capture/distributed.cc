@@ -30,6 +30,10 @@ namespace capsule {
 namespace {
 
 constexpr int kAgreeColumns = 6;  // kind, local norm, local non-finite, checksum hi, lo, global
+// The row a marked reduction carries, in values a float32 holds exactly: kind, local norm (a float:
+// its rounding is far below the reduction check's 1e-4), the non-finite count and the checksum
+// in four 16-bit parts each.
+constexpr int kRowColumns = 10;
 
 int64_t NowMicros() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -59,6 +63,31 @@ uint64_t Mix(uint64_t h) {
   h *= 0xc4ceb9fe1a85ec53ULL;
   h ^= h >> 33;
   return h;
+}
+
+void EncodeRow(double* row, TriggerKind kind, double local_norm, int64_t non_finite,
+               uint64_t checksum) {
+  row[0] = static_cast<double>(kind);
+  row[1] = local_norm;
+  for (int k = 0; k < 4; ++k) {
+    row[2 + k] = static_cast<double>((static_cast<uint64_t>(non_finite) >> (16 * k)) & 0xffff);
+    row[6 + k] = static_cast<double>((checksum >> (16 * k)) & 0xffff);
+  }
+}
+
+// A carried row (kRowColumns) in the agreement's layout (kAgreeColumns; no global norm).
+void DecodeRow(const double* in, double* out) {
+  uint64_t non_finite = 0, checksum = 0;
+  for (int k = 0; k < 4; ++k) {
+    non_finite |= static_cast<uint64_t>(in[2 + k]) << (16 * k);
+    checksum |= static_cast<uint64_t>(in[6 + k]) << (16 * k);
+  }
+  out[0] = in[0];
+  out[1] = in[1];
+  out[2] = static_cast<double>(static_cast<int64_t>(non_finite));
+  out[3] = static_cast<double>(checksum >> 32);
+  out[4] = static_cast<double>(checksum & 0xffffffffULL);
+  out[5] = -1;
 }
 
 }  // namespace
@@ -127,6 +156,10 @@ struct Distributed::Impl {
   // The current step's reduction, for the agreement row.
   bool reduced_this_step = false;
   GradReductionStats last_reduction;
+  // Every rank's row (kAgreeColumns each), when they came with the step's marked reduction.
+  bool rows_carried = false;
+  std::vector<double> carried_rows;
+  LossTriggerCheck loss_check;
   bool in_flight = false;
   InFlight in_flight_at;
   std::chrono::steady_clock::time_point in_flight_since;
@@ -296,6 +329,15 @@ struct Distributed::Impl {
     in_flight = false;
     SetPositionLocked("step " + std::to_string(step) + ": after " + Where(at, call.tag));
   }
+
+  // Whether a marked reduction of `dtype` carries the step's row (the same answer on every rank:
+  // the option and the bucket's dtype are alike everywhere).
+  bool CarriesRow(at::ScalarType dtype) const {
+    return options.agree_on_triggers && (dtype == at::kFloat || dtype == at::kDouble);
+  }
+  // What the rows say (`all`: kAgreeColumns per rank), into `result` and the step's records.
+  void AnalyzeRows(int64_t at_step, const double* all, const GradReductionStats& mine, bool reduced,
+                   int loss_ranks, AgreementResult* result);
 
   void WatchdogLoop();
   void WriteHeartbeat();
@@ -553,6 +595,11 @@ void Distributed::SetIncidentHandler(IncidentHandler handler) {
   std::lock_guard<std::mutex> wait(impl_->incident_mu);
 }
 
+void Distributed::SetLossTriggerCheck(LossTriggerCheck check) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->loss_check = std::move(check);
+}
+
 void Distributed::SetPosition(const std::string& position) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->SetPositionLocked(position);
@@ -636,20 +683,53 @@ void Health(const at::Tensor& t, double* norm, int64_t* non_finite) {
 
 }  // namespace
 
-GradReductionStats Distributed::ReduceBucket(at::Tensor& bucket, GradReduce mode,
-                                             const std::string& tag) {
-  GradReductionStats stats;
+GradReductionStats Distributed::Reduce(at::Tensor& buffer, int64_t n, GradReduce mode,
+                                       const std::string& tag, const StepEnd* last) {
+  GradReductionStats stats, so_far;
+  bool reduced_before;
+  uint64_t checksum;
+  LossTriggerCheck check;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     stats.step = impl_->step;
     stats.sequence = impl_->next_sequence;
+    so_far = impl_->last_reduction;
+    reduced_before = impl_->reduced_this_step;
+    checksum = impl_->params_checksum;
+    check = impl_->loss_check;
   }
-  Health(bucket, &stats.local_norm, &stats.local_non_finite);
-  std::vector<at::Tensor> buffers{bucket};
+  at::Tensor grads = n == buffer.numel() ? buffer : buffer.narrow(0, 0, n);
+  Health(grads, &stats.local_norm, &stats.local_non_finite);
+  const int world = impl_->world;
+  at::Tensor rows;
+  if (last != nullptr) {
+    // This rank's row at its slot, zeros at the others': the sum is every rank's row.
+    TriggerKind kind = TriggerKind::kNone;
+    try {
+      if (check) kind = check(last->loss);
+    } catch (...) {
+      // A check that throws fires nothing; the row still travels (every rank sends one).
+    }
+    std::vector<double> block(static_cast<size_t>(world) * kRowColumns, 0.0);
+    EncodeRow(block.data() + impl_->rank * kRowColumns, kind,
+              reduced_before ? std::hypot(so_far.local_norm, stats.local_norm) : stats.local_norm,
+              (reduced_before ? so_far.local_non_finite : 0) + stats.local_non_finite, checksum);
+    rows = buffer.narrow(0, n, world * kRowColumns);
+    rows.copy_(at::from_blob(block.data(), {world * kRowColumns}, at::kDouble));
+  }
+  std::vector<at::Tensor> buffers{buffer};
   AllReduce(buffers, tag, "sum");
-  stats.divisor = mode == GradReduce::kMean ? impl_->world : 1;
-  if (stats.divisor != 1) bucket.div_(stats.divisor);
-  Health(bucket, &stats.global_norm, &stats.global_non_finite);
+  stats.divisor = mode == GradReduce::kMean ? world : 1;
+  if (stats.divisor != 1) grads.div_(stats.divisor);
+  Health(grads, &stats.global_norm, &stats.global_non_finite);
+  std::vector<double> agreed;
+  if (rows.defined()) {
+    const at::Tensor got = rows.to(at::kCPU, at::kDouble).contiguous();
+    agreed.resize(static_cast<size_t>(world) * kAgreeColumns);
+    for (int r = 0; r < world; ++r) {
+      DecodeRow(got.data_ptr<double>() + r * kRowColumns, agreed.data() + r * kAgreeColumns);
+    }
+  }
   v1::GradReduction rec;
   rec.set_step(stats.step);
   rec.set_sequence(stats.sequence);
@@ -673,11 +753,43 @@ GradReductionStats Distributed::ReduceBucket(at::Tensor& bucket, GradReduce mode
     step.global_non_finite += stats.global_non_finite;
   }
   impl_->reduced_this_step = true;
+  if (!agreed.empty()) {
+    impl_->carried_rows = std::move(agreed);
+    impl_->rows_carried = true;
+  }
+  return stats;
+}
+
+GradReductionStats Distributed::ReduceBucket(at::Tensor& bucket, GradReduce mode,
+                                             const std::string& tag) {
+  return Reduce(bucket, bucket.numel(), mode, tag, nullptr);
+}
+
+GradReductionStats Distributed::ReduceBucket(at::Tensor& bucket, GradReduce mode,
+                                             const std::string& tag, const StepEnd& last) {
+  if (!impl_->CarriesRow(bucket.scalar_type()))
+    return Reduce(bucket, bucket.numel(), mode, tag, nullptr);
+  const int64_t n = bucket.numel();
+  at::Tensor buffer = at::empty({n + impl_->world * kRowColumns}, bucket.options());
+  buffer.narrow(0, 0, n).copy_(bucket.reshape({-1}));
+  GradReductionStats stats = Reduce(buffer, n, mode, tag, &last);
+  bucket.copy_(buffer.narrow(0, 0, n).view(bucket.sizes()));
   return stats;
 }
 
 GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& params,
                                                 GradReduce mode, const std::string& tag) {
+  return ReduceParams(params, mode, tag, nullptr);
+}
+
+GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& params,
+                                                GradReduce mode, const std::string& tag,
+                                                const StepEnd& last) {
+  return ReduceParams(params, mode, tag, &last);
+}
+
+GradReductionStats Distributed::ReduceParams(const std::vector<at::Tensor>& params, GradReduce mode,
+                                             const std::string& tag, const StepEnd* last) {
   std::vector<at::Tensor> grads;
   for (const at::Tensor& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
@@ -685,18 +797,25 @@ GradReductionStats Distributed::ReduceGradients(const std::vector<at::Tensor>& p
   // One contiguous gradient is its own bucket; several are flattened into one and copied back.
   if (grads.size() == 1 && grads[0].is_contiguous()) {
     at::Tensor flat = grads[0].view({-1});
-    return ReduceBucket(flat, mode, tag);
+    return last ? ReduceBucket(flat, mode, tag, *last) : ReduceBucket(flat, mode, tag);
   }
+  bool carry = last != nullptr && !grads.empty() && impl_->CarriesRow(grads[0].scalar_type());
   std::vector<at::Tensor> flat_views;
-  flat_views.reserve(grads.size());
-  for (const at::Tensor& g : grads) flat_views.push_back(g.reshape({-1}));
+  flat_views.reserve(grads.size() + 1);
+  for (const at::Tensor& g : grads) {
+    carry = carry && g.scalar_type() == grads[0].scalar_type();
+    flat_views.push_back(g.reshape({-1}));
+  }
+  // The row's room comes with the flattening copy the bucket needs anyway.
+  const int64_t room = carry ? impl_->world * kRowColumns : 0;
+  if (carry) flat_views.push_back(at::zeros({room}, grads[0].options()));
   at::Tensor flat = flat_views.empty() ? at::zeros({0}) : at::cat(flat_views);
-  GradReductionStats stats = ReduceBucket(flat, mode, tag);
+  GradReductionStats stats = Reduce(flat, flat.numel() - room, mode, tag, carry ? last : nullptr);
   int64_t offset = 0;
   for (at::Tensor& g : grads) {
-    const int64_t n = g.numel();
-    g.copy_(flat.narrow(0, offset, n).view_as(g));
-    offset += n;
+    const int64_t numel = g.numel();
+    g.copy_(flat.narrow(0, offset, numel).view_as(g));
+    offset += numel;
   }
   return stats;
 }
@@ -756,6 +875,7 @@ void Distributed::OnBeginStep(int64_t step, const std::vector<at::Tensor>& param
   impl_->began = true;
   impl_->params_checksum = h;
   impl_->reduced_this_step = false;
+  impl_->rows_carried = false;
   impl_->SetPositionLocked("step " + std::to_string(step) + ": forward/backward");
 }
 
@@ -763,48 +883,61 @@ AgreementResult Distributed::Agree(int64_t step, TriggerKind local, int loss_ran
   AgreementResult result;
   if (!impl_->options.agree_on_triggers) return result;
   const int world = impl_->world;
-  at::Tensor rows = at::zeros({world, kAgreeColumns}, at::kDouble);
   GradReductionStats mine;
   bool reduced;
   uint64_t checksum;
+  std::vector<double> all;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     mine = impl_->last_reduction;
     reduced = impl_->reduced_this_step;
     checksum = impl_->params_checksum;
+    if (impl_->rows_carried) all = impl_->carried_rows;
     impl_->SetPositionLocked("step " + std::to_string(step) + ": end of step (agreement)");
   }
-  double* row = rows.data_ptr<double>() + impl_->rank * kAgreeColumns;
-  row[0] = static_cast<double>(local);
-  // -1 marks "did not reduce this step"; NaN and Inf norms go through as they are (each slot has
-  // one contributor, and x + 0 is x).
-  row[1] = reduced ? mine.local_norm : -1;
-  row[2] = reduced ? static_cast<double>(mine.local_non_finite) : -1;
-  row[3] = static_cast<double>(checksum >> 32);
-  row[4] = static_cast<double>(checksum & 0xffffffffULL);
-  row[5] = reduced ? mine.global_norm : -1;
-  std::vector<at::Tensor> buffers{rows};
-  v1::TriggerAgreement agreement;
-  agreement.set_step(step);
-  try {
-    AllReduce(buffers, "capsule.agree", "sum");
-  } catch (const std::exception& e) {
-    result.ran = true;
-    result.status = UnavailableError("trigger agreement failed: " + ErrorText(e));
-    agreement.set_error(ErrorText(e));
-    for (int r : impl_->MissingRanks(step)) agreement.add_missing_ranks(r);
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->agreement = agreement;
-    return result;
-  }
   result.ran = true;
-  const double* all = rows.data_ptr<double>();
+  result.rows_carried = !all.empty();
+  if (all.empty()) {
+    at::Tensor rows = at::zeros({world, kAgreeColumns}, at::kDouble);
+    double* row = rows.data_ptr<double>() + impl_->rank * kAgreeColumns;
+    row[0] = static_cast<double>(local);
+    // -1 marks "did not reduce this step"; NaN and Inf norms go through as they are (each slot
+    // has one contributor, and x + 0 is x).
+    row[1] = reduced ? mine.local_norm : -1;
+    row[2] = reduced ? static_cast<double>(mine.local_non_finite) : -1;
+    row[3] = static_cast<double>(checksum >> 32);
+    row[4] = static_cast<double>(checksum & 0xffffffffULL);
+    row[5] = reduced ? mine.global_norm : -1;
+    std::vector<at::Tensor> buffers{rows};
+    try {
+      AllReduce(buffers, "capsule.agree", "sum");
+    } catch (const std::exception& e) {
+      result.status = UnavailableError("trigger agreement failed: " + ErrorText(e));
+      v1::TriggerAgreement agreement;
+      agreement.set_step(step);
+      agreement.set_error(ErrorText(e));
+      for (int r : impl_->MissingRanks(step)) agreement.add_missing_ranks(r);
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->agreement = agreement;
+      return result;
+    }
+    all.assign(rows.data_ptr<double>(), rows.data_ptr<double>() + world * kAgreeColumns);
+  }
+  impl_->AnalyzeRows(step, all.data(), mine, reduced, loss_ranks, &result);
+  return result;
+}
+
+void Distributed::Impl::AnalyzeRows(int64_t at_step, const double* all,
+                                    const GradReductionStats& mine, bool reduced, int loss_ranks,
+                                    AgreementResult* result) {
+  v1::TriggerAgreement record;
+  record.set_step(at_step);
   std::string summary;
   for (int r = 0; r < world; ++r) {
     const int kind = static_cast<int>(all[r * kAgreeColumns]);
     if (kind == 0) continue;
-    result.fired.emplace_back(r, static_cast<TriggerKind>(kind));
-    v1::RankTrigger* t = agreement.add_fired();
+    result->fired.emplace_back(r, static_cast<TriggerKind>(kind));
+    v1::RankTrigger* t = record.add_fired();
     t->set_rank(r);
     t->set_kind(static_cast<v1::TriggerKind>(kind));
     summary += (summary.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " " +
@@ -820,7 +953,7 @@ AgreementResult Distributed::Agree(int64_t step, TriggerKind local, int loss_ran
   }
   for (int r = 0; r < world; ++r) {
     if (std::make_pair(all[r * kAgreeColumns + 3], all[r * kAgreeColumns + 4]) != ref) {
-      result.desynced_ranks.push_back(r);
+      result->desynced_ranks.push_back(r);
     }
   }
   // The reduction's scale: a mean of the local gradients can never be longer than the mean of
@@ -835,12 +968,12 @@ AgreementResult Distributed::Agree(int64_t step, TriggerKind local, int loss_ran
   }
   if (reduced && all_finite && loss_ranks <= 1 && world > 1 && std::isfinite(mine.global_norm)) {
     const double m = sum_norms / world;
-    result.reduction_ratio = m > 0 ? mine.global_norm / m : 0;
-    result.reduction_not_a_mean = m > 0 && mine.global_norm > m * (1 + 1e-4);
+    result->reduction_ratio = m > 0 ? mine.global_norm / m : 0;
+    result->reduction_not_a_mean = m > 0 && mine.global_norm > m * (1 + 1e-4);
   }
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (reduced && !impl_->reductions.empty() && impl_->reductions.back().step() == step) {
-    v1::GradReduction& rec = impl_->reductions.back();
+  std::lock_guard<std::mutex> lock(mu);
+  if (reduced && !reductions.empty() && reductions.back().step() == at_step) {
+    v1::GradReduction& rec = reductions.back();
     rec.clear_rank_local_norms();
     rec.clear_rank_local_non_finite();
     for (int r = 0; r < world; ++r) {
@@ -848,9 +981,8 @@ AgreementResult Distributed::Agree(int64_t step, TriggerKind local, int loss_ran
       rec.add_rank_local_non_finite(static_cast<int64_t>(all[r * kAgreeColumns + 2]));
     }
   }
-  impl_->agreement = agreement;
-  result.summary = summary;
-  return result;
+  agreement = record;
+  result->summary = summary;
 }
 
 void Distributed::FillSection(v1::Capsule* capsule) {

@@ -10,11 +10,12 @@
 //   - gradient health before and after the data-parallel reduction (ReduceGradients);
 //   - a ring of per-step fingerprints (a checksum of the parameters at the step's start, of the
 //     replicated and the rank-local RNG states, the cursor and the sample ids).
-// At EndStep the Monitor reduces one row per rank (what fired, the local gradient health, the
-// parameter checksum), so a trigger on any rank makes every rank capture the same step, and the
-// replicas' checksums and the reduction's scale are checked on every step at the cost of one small
-// all-reduce. A watchdog thread writes a HANG capsule when a collective has not completed for
-// `watchdog_seconds` and sets a store key that makes every other rank write its capsule too; a
+// Each step every rank's row (what fired, the local gradient health, the parameter checksum) is
+// shared, so a trigger on any rank makes every rank capture the same step, and the replicas'
+// checksums and the reduction's scale are checked on every step: the rows travel in the step's
+// last gradient reduction when the trainer marks it (StepEnd), else in one small all-reduce of
+// their own at EndStep. A watchdog thread writes a HANG capsule when a collective has not completed
+// for `watchdog_seconds` and sets a store key that makes every other rank write its capsule too; a
 // collective that fails on this rank (a peer closed the connection, the group's timeout, a size
 // check) writes a COLLECTIVE_ERROR capsule before the error reaches the trainer, and so does a rank
 // that dies in a collective (std::terminate from the backend's thread). `capsule triage DIR` reads
@@ -31,8 +32,9 @@
 //   for (...) {
 //     monitor.BeginStep(step, cursor, batch);
 //     ... forward, backward ...
-//     (*dist)->ReduceGradients(params, capsule::GradReduce::kMean);
-//     monitor.EndStep({.loss = loss, .grad_norm = gn});
+//     (*dist)->ReduceGradients(params, capsule::GradReduce::kMean, "grads",
+//                              capsule::Distributed::StepEnd{loss});   // carries the rows
+//     monitor.EndStep({.loss = loss, .grad_norm = gn});   // gn: of the reduced gradients
 //     optimizer.step();
 //   }
 //
@@ -54,6 +56,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,10 +93,11 @@ struct DistributedOptions {
   double watchdog_seconds = -1;
   // How often the watchdog looks (also at the dump key and to write this rank's heartbeat).
   double watchdog_poll_seconds = 0.5;
-  // Share each step's trigger, gradient health and parameter checksum at EndStep (one all-reduce
-  // of 6 numbers per rank): any rank's trigger captures the step on every rank, and desynced
-  // replicas and a reduction that sums where it should average fire REPLICA_DESYNC and
-  // GRAD_REDUCTION. Off: each rank captures alone.
+  // Share each step's trigger, gradient health and parameter checksum (in the step's marked
+  // reduction, Distributed::StepEnd, or else one all-reduce of 6 numbers per rank at EndStep):
+  // any rank's trigger captures the step on every rank, and desynced replicas and a reduction
+  // that sums where it should average fire REPLICA_DESYNC and GRAD_REDUCTION. Off: each rank
+  // captures alone (every rank must set it alike).
   bool agree_on_triggers = true;
   // Names of the Monitor's RNGs (RegisterRng, or "torch.cpu" / "torch.cuda") whose state every
   // replica must share; the others are rank-local. Both are fingerprinted. LibTorch seeds each
@@ -127,6 +131,7 @@ struct AgreementResult {
   bool reduction_not_a_mean = false;  // the reduced norm exceeds the mean of the local norms
   double reduction_ratio = 0;         // reduced norm / mean of local norms
   std::string summary;                // one line for the capsule's trigger message
+  bool rows_carried = false;          // the rows came with the step's marked reduction
 };
 
 class Distributed {
@@ -184,6 +189,35 @@ class Distributed {
   // several flattened into one bucket and copied back.
   GradReductionStats ReduceGradients(const std::vector<at::Tensor>& params, GradReduce mode,
                                      const std::string& tag = "grads");
+
+  // The step's last gradient reduction, marked: the step's agreement row (see StepEnd) travels
+  // in this reduction's all-reduce instead of one of its own at EndStep. Each rank writes its row
+  // at its own slot of a block appended to the bucket, zeros elsewhere, so the sum every rank gets
+  // back holds every rank's row (an all-gather in the same collective). The bucket must be
+  // float32 or float64 (integers up to 2^24 are exact in float32: the checksum and the counts
+  // travel in 16-bit parts); any other dtype, or agree_on_triggers off, reduces as unmarked and
+  // EndStep runs its own agreement all-reduce. Every rank must mark the same reduction (the
+  // trainer's code does the same on every rank), and no gradient reduction may follow it in the
+  // step: a later one's health is recorded, but not in the step's row. ReduceBucket copies the
+  // bucket into one with room for the rows and back (world x 10 elements more); ReduceGradients
+  // of several gradients makes that room in the flattening copy it makes anyway.
+  //
+  // What the row can carry is what each rank knows before the reduction: its loss (`loss`,
+  // checked here against the loss triggers, NON_FINITE_LOSS and LOSS_SPIKE, so every rank learns
+  // which ranks fired), its gradient health (REPLICA_DESYNC and GRAD_REDUCTION are decided from
+  // the rows as before) and its parameter checksum. NON_FINITE_GRAD and GRAD_NORM_SPIKE are
+  // checked at EndStep on the norm the trainer passes, after the reduction; that norm, taken from
+  // the reduced gradients, is the same on every rank, so every rank fires alike without being
+  // told. A trainer whose EndStep grad_norm is rank-local (taken before the reduction) or whose
+  // EndStep loss differs from `loss` does not mark its reductions: the separate agreement shares
+  // every trigger EndStep finds.
+  struct StepEnd {
+    std::optional<double> loss;  // this rank's loss for the step, as EndStep will get it
+  };
+  GradReductionStats ReduceBucket(at::Tensor& bucket, GradReduce mode, const std::string& tag,
+                                  const StepEnd& last);
+  GradReductionStats ReduceGradients(const std::vector<at::Tensor>& params, GradReduce mode,
+                                     const std::string& tag, const StepEnd& last);
   // The parameters the step fingerprint checksums at each step's start (their values then),
   // for a trainer whose Monitor has no Model attached, or that replicates other tensors than
   // the Model's. Without it: the Monitor's Model's parameters.
@@ -196,6 +230,10 @@ class Distributed {
   // Replacing it (with nullptr: none) waits for a capture in flight through the old one.
   using IncidentHandler = std::function<bool(TriggerKind kind, const std::string& reason)>;
   void SetIncidentHandler(IncidentHandler handler);
+  // The triggers a marked reduction (StepEnd) checks before its all-reduce: given the rank's loss
+  // (nullopt: none handed), what fires on it (kNone: nothing). Without one, nothing fires there.
+  using LossTriggerCheck = std::function<TriggerKind(std::optional<double> loss)>;
+  void SetLossTriggerCheck(LossTriggerCheck check);
   // Step begins: the fingerprint of the parameters at the step's start, the RNG state bytes by
   // name, the cursor and the sample ids.
   void OnBeginStep(int64_t step, const std::vector<at::Tensor>& params,
@@ -203,7 +241,9 @@ class Distributed {
                    int64_t epoch, int64_t offset, const std::vector<std::string>& sample_ids);
   // Step ends: the reduction of every rank's row. `local` is what fired here (kNone: nothing);
   // `loss_ranks` the ranks the step's loss normaliser spans (LossSpec::ranks; <= 1: rank-local,
-  // so the gradient reduction must be a mean).
+  // so the gradient reduction must be a mean). When the step's rows came with its marked
+  // reduction (StepEnd) no collective runs here, and the row's trigger is the one that reduction
+  // checked (`local` is not sent).
   AgreementResult Agree(int64_t step, TriggerKind local, int loss_ranks);
   // The rank's Distributed section and placement, into `capsule`.
   void FillSection(v1::Capsule* capsule);
@@ -213,6 +253,11 @@ class Distributed {
 
  private:
   explicit Distributed(std::unique_ptr<Impl> impl);
+  // ReduceBucket of `buffer`'s first `n` elements; with `last`, the step's row goes in the rest.
+  GradReductionStats Reduce(at::Tensor& buffer, int64_t n, GradReduce mode, const std::string& tag,
+                            const StepEnd* last);
+  GradReductionStats ReduceParams(const std::vector<at::Tensor>& params, GradReduce mode,
+                                  const std::string& tag, const StepEnd* last);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -69,6 +69,9 @@ struct Monitor::State {
   // MonitorOptions::background_write: made at the first capsule it writes.
   std::unique_ptr<internal::BackgroundWriter> writer;
   int in_background = 0;  // capsules queued whose write is not collected yet
+  // What the loss handed with the step's marked reduction fired (Distributed::StepEnd): the
+  // trigger the other ranks learned from this rank's row.
+  FiredTrigger loss_fired;
   // Held by every entry point that touches the state; recursive because they call each other
   // (BeginStep flushes, EndStep captures). Never held across a collective, so that the watchdog
   // of a Distributed can capture while the training thread waits in one.
@@ -147,7 +150,10 @@ Monitor::Monitor(MonitorOptions options)
     : options_(std::move(options)), state_(std::make_unique<State>()) {}
 
 Monitor::~Monitor() {
-  if (distributed_) distributed_->SetIncidentHandler(nullptr);
+  if (distributed_) {
+    distributed_->SetIncidentHandler(nullptr);
+    distributed_->SetLossTriggerCheck(nullptr);
+  }
   Flush();
   WaitForWrites();
   state_->writer.reset();
@@ -204,13 +210,24 @@ Status Monitor::WriteOrQueue(v1::Capsule& capsule, const TensorDataViews* held,
 
 void Monitor::AttachDistributed(std::shared_ptr<Distributed> distributed) {
   std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
-  if (distributed_) distributed_->SetIncidentHandler(nullptr);
+  if (distributed_) {
+    distributed_->SetIncidentHandler(nullptr);
+    distributed_->SetLossTriggerCheck(nullptr);
+  }
   distributed_ = std::move(distributed);
   if (!distributed_) return;
   options_.rank = distributed_->rank();
   options_.world_size = distributed_->world_size();
   distributed_->SetIncidentHandler([this](TriggerKind kind, const std::string& reason) {
     return CaptureIncident(kind, reason);
+  });
+  // The loss triggers, before the step's marked reduction: its row tells every rank what fired.
+  distributed_->SetLossTriggerCheck([this](std::optional<double> loss) {
+    std::lock_guard<std::recursive_timed_mutex> held(state_->mu);
+    StepScalars s;
+    s.loss = loss;
+    state_->loss_fired = loss ? CheckTriggers(options_, state_->history, s) : FiredTrigger();
+    return state_->loss_fired.kind;
   });
 }
 
@@ -320,6 +337,7 @@ void Monitor::BeginStep(int64_t step, const DataCursor& cursor, const StepBatch&
   std::lock_guard<std::recursive_timed_mutex> lock(state_->mu);
   if (!state_->pending.empty()) Flush();
   CollectWrites();
+  state_->loss_fired = FiredTrigger();
   if (!state_->snap) state_->snap.emplace();
   StepSnapshot& s = *state_->snap;
   s.step = step;
@@ -374,6 +392,9 @@ StepReport Monitor::EndStep(const StepScalars& scalars) {
     lock.unlock();
     const AgreementResult a = distributed_->Agree(step, fired.kind, loss_ranks);
     lock.lock();
+    // Rows that came with the marked reduction carry the loss trigger checked there: this rank
+    // captures what the others were told it fired.
+    if (a.rows_carried && fired.kind == TriggerKind::kNone) fired = state_->loss_fired;
     // A failed agreement already wrote its COLLECTIVE_ERROR capsule (when the Monitor could);
     // the trainer hears of it here, in the report's status and summary.
     if (a.ran && !a.status.ok()) {
