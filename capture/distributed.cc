@@ -233,7 +233,8 @@ struct Distributed::Impl {
     const std::vector<at::Tensor>& out;
     std::string reduce_op;
     int root = 0;
-    int peer = -1;  // >= 0: a point-to-point op with that rank
+    int peer = -1;                   // >= 0: a point-to-point op with that rank
+    bool carries_agreement = false;  // the step's agreement rows ride in it (StepEnd)
   };
 
   static void AddShapes(const std::vector<at::Tensor>& tensors,
@@ -271,6 +272,7 @@ struct Distributed::Impl {
     rec.set_reduce_op(call.reduce_op);
     rec.set_root(call.root);
     if (p2p) rec.set_peer(call.peer);
+    rec.set_carries_agreement(call.carries_agreement);
     rec.set_state(v1::ENQUEUED);
     rec.set_enqueued_unix_micros(NowMicros());
     rec.set_step(step);
@@ -718,7 +720,11 @@ GradReductionStats Distributed::Reduce(at::Tensor& buffer, int64_t n, GradReduce
     rows.copy_(at::from_blob(block.data(), {world * kRowColumns}, at::kDouble));
   }
   std::vector<at::Tensor> buffers{buffer};
-  AllReduce(buffers, tag, "sum");
+  Impl::Call call{"allreduce", tag, buffers, kNone, "sum"};
+  call.carries_agreement = rows.defined();  // triage reads a rank that skips it by this
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = ReduceOpOf("sum");
+  impl_->Run(call, [&] { return impl_->pg->allreduce(buffers, opts); });
   stats.divisor = mode == GradReduce::kMean ? world : 1;
   if (stats.divisor != 1) grads.div_(stats.divisor);
   Health(grads, &stats.global_norm, &stats.global_non_finite);

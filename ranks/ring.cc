@@ -100,6 +100,13 @@ bool Analysis::FollowsInStep(const RankView& w, const v1::Collective& first,
   return false;
 }
 
+namespace {
+// The Monitor's own trigger agreement, issued as a collective of its own (capture/distributed.h).
+bool IsOwnAgreement(const v1::Collective& c) {
+  return c.op() == "allreduce" && c.tag() == "capsule.agree";
+}
+}  // namespace
+
 // (a) The first sequence whose entries differ between the ranks.
 void Analysis::Mismatch(const std::set<uint64_t>& seqs, std::set<int>* named) {
   for (uint64_t s : seqs) {
@@ -113,15 +120,20 @@ void Analysis::Mismatch(const std::set<uint64_t>& seqs, std::set<int>* named) {
     // when its entry at s is the call the others always make right after theirs at s within a
     // step (and not the other way round).
     std::vector<int> skipped;
-    std::map<int, bool> by_history;
+    std::map<int, bool> by_history, by_carry;
     for (const auto& [rank, v] : views_) {
       const v1::Collective* mine = At(v, s);
       if (mine == nullptr) continue;
-      int agree = 0, differ = 0, follows = 0, other_way = 0;
+      int agree = 0, differ = 0, follows = 0, other_way = 0, carried = 0;
       for (const auto& [other, w] : views_) {
         if (other == rank) continue;
         const v1::Collective* here = At(w, s);
         if (here == nullptr || KeyOf(*here) == KeyOf(*mine)) continue;
+        // Its own agreement where the others' reduction carried theirs: it never reduced.
+        if (IsOwnAgreement(*mine) && here->carries_agreement()) {
+          ++carried;
+          continue;
+        }
         if (FollowsInStep(w, *here, *mine, s)) ++follows;
         if (FollowsInStep(v, *mine, *here, s)) ++other_way;
         const v1::Collective* next =
@@ -129,7 +141,10 @@ void Analysis::Mismatch(const std::set<uint64_t>& seqs, std::set<int>* named) {
         if (next == nullptr) continue;
         (KeyOf(*next) == KeyOf(*mine) ? agree : differ)++;
       }
-      if (agree > 0 && differ == 0) {
+      if (carried > 0 && agree == 0 && differ == 0) {
+        skipped.push_back(rank);
+        by_carry[rank] = true;
+      } else if (agree > 0 && differ == 0) {
         skipped.push_back(rank);
       } else if (agree == 0 && differ == 0 && follows > 0 && other_way == 0) {
         skipped.push_back(rank);
@@ -144,11 +159,14 @@ void Analysis::Mismatch(const std::set<uint64_t>& seqs, std::set<int>* named) {
           if (!std::count(skipped.begin(), skipped.end(), other) && At(w, s)) theirs = At(w, s);
         }
         const std::string how =
-            by_history[rank] ? "its sequence " + std::to_string(s) + " (" + OpTag(*At(v, s)) +
-                                   ") is the call the others make right after " + OpTag(*theirs) +
-                                   " in every step"
-                             : "its sequence " + std::to_string(s) + " is the others' " +
-                                   std::to_string(s + 1) + " (" + OpTag(*At(v, s)) + ")";
+            by_carry[rank]
+                ? "its sequence " + std::to_string(s) + " is the step's own agreement (" +
+                      OpTag(*At(v, s)) + "), which the others' " + OpTag(*theirs) + " carried"
+            : by_history[rank] ? "its sequence " + std::to_string(s) + " (" + OpTag(*At(v, s)) +
+                                     ") is the call the others make right after " + OpTag(*theirs) +
+                                     " in every step"
+                               : "its sequence " + std::to_string(s) + " is the others' " +
+                                     std::to_string(s + 1) + " (" + OpTag(*At(v, s)) + ")";
         Add("hang.skipped_collective",
             "rank " + std::to_string(rank) + " skipped collective " + std::to_string(s) + " (" +
                 OpTag(*theirs) + ", step " + std::to_string(theirs->step()) + "): " + how,

@@ -81,6 +81,7 @@ void FillDistributed(v1::Distributed* dist, int64_t time_base) {
     k->set_error(i == 0 ? "" : "Connection closed by peer");
     k->set_step(7);
     k->set_peer(1);  // every field set, as root is: a real collective leaves both 0
+    k->set_carries_agreement(i == 0);
   }
   {
     v1::Collective* p = dist->add_point_to_point();
@@ -90,6 +91,7 @@ void FillDistributed(v1::Distributed* dist, int64_t time_base) {
     p->set_tag("act");
     p->set_root(1);
     p->set_peer(1);
+    p->set_carries_agreement(true);
   }
   v1::FinishedRank* finished = dist->add_finished();
   finished->set_rank(1);

@@ -535,6 +535,51 @@ TEST_P(RunAnalysisTest, ASkippedCollectiveIsNamedWhenTheOthersFailedInIt) {
       << r.output;
 }
 
+TEST_P(RunAnalysisTest, ARankThatSkippedTheReductionCarryingTheAgreementIsNamed) {
+  // Each step's "grads" carries the agreement rows (Distributed::StepEnd), so there is no
+  // capsule.agree of its own: sequence k is step k's "grads". Rank 1 skipped step 3's and, with
+  // no marked reduction, issued the agreement on its own as its sequence 3; the backend failed
+  // the others there.
+  std::vector<v1::Capsule> run = CleanRun(world());
+  for (v1::Capsule& c : run) {
+    v1::Distributed& d = *c.mutable_distributed();
+    d.clear_collectives();
+    for (int step = 0; step < kSteps; ++step) {
+      v1::Collective* k = AddCollective(&d, step, "grads", 1024 + 6 * world(), step);
+      k->set_carries_agreement(true);
+      d.mutable_reductions(step)->set_sequence(step);
+    }
+    v1::Collective& k = *d.mutable_collectives(3);
+    k.set_state(v1::FAILED);
+    k.set_error("Connection closed by peer");
+    if (c.placement().rank() == 1) {
+      const int64_t numel = 6 * world();
+      k.set_tag("capsule.agree");
+      k.set_carries_agreement(false);
+      k.set_numel(numel);
+      k.mutable_in_shapes(0)->set_dims(0, numel);
+      k.mutable_out_shapes(0)->set_dims(0, numel);
+      k.set_state(v1::ENQUEUED);
+      k.clear_error();
+    }
+    c.mutable_trigger()->set_kind(v1::COLLECTIVE_ERROR);
+  }
+  const v1::RunTriage t = Analyse(run);
+  const v1::TriageFinding& f = Only(t, "hang.skipped_collective");
+  EXPECT_EQ(Ranks(f), std::vector<int>{1});
+  EXPECT_EQ(f.sequence(), 3u);
+  EXPECT_EQ(f.step(), 3);
+
+  Write(run);
+  const CommandResult r = Cli();
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 1 skipped collective 3 (allreduce grads, step 3): its sequence 3 "
+                          "is the step's own agreement (allreduce capsule.agree), which the "
+                          "others' allreduce grads carried"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_P(RunAnalysisTest, EveryBucketOfAStepCountsNotJustItsLastReduction) {
   // A trainer that reduces per bucket writes several records a step. Rank `last`'s first bucket
   // of step 2 was non-finite and its second finite; step 3 is non-finite everywhere (the NaN
