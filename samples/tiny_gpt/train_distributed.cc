@@ -157,6 +157,10 @@ int RunRank(const DistributedTrainOptions& o, int rank, const std::string& store
       optimizer.zero_grad();
       at::Tensor loss = RunSequence(path, cb.batch);
       loss.backward();
+      const double l = loss.item<double>();
+      // The step's last gradient reduction carries the agreement rows (Distributed::StepEnd):
+      // EndStep's grad_norm below is taken from the reduced gradients, the same on every rank.
+      const Distributed::StepEnd step_end{l};
       const bool skip = o.fault == "skip-collective" && faulty && step == o.fault_step;
       if (!skip) {
         std::vector<at::Tensor> reduce = params;
@@ -165,7 +169,9 @@ int RunRank(const DistributedTrainOptions& o, int rank, const std::string& store
             o.fault == "no-average" && step >= o.fault_step ? GradReduce::kSum : GradReduce::kMean;
         if (o.reduce_per_param) {
           for (const at::Tensor& p : reduce) {
-            if (armed) {
+            if (armed && p.is_same(reduce.back())) {
+              dist->ReduceGradients({p}, mode, "grads", step_end);
+            } else if (armed) {
               dist->ReduceGradients({p}, mode);
             } else {
               std::vector<at::Tensor> one{p.grad()};
@@ -174,7 +180,7 @@ int RunRank(const DistributedTrainOptions& o, int rank, const std::string& store
             }
           }
         } else if (armed) {
-          dist->ReduceGradients(reduce, mode);
+          dist->ReduceGradients(reduce, mode, "grads", step_end);
         } else {
           std::vector<at::Tensor> grads;
           for (const at::Tensor& p : reduce) grads.push_back(p.grad().reshape({-1}));
@@ -189,7 +195,6 @@ int RunRank(const DistributedTrainOptions& o, int rank, const std::string& store
         }
       }
       const double grad_norm = GradNorm(params);
-      const double l = loss.item<double>();
       if (armed) {
         StepScalars scalars;
         scalars.loss = l;
@@ -198,10 +203,6 @@ int RunRank(const DistributedTrainOptions& o, int rank, const std::string& store
         if (step == o.capture_at_step) {
           monitor->CaptureNow("--capture-at-step " + std::to_string(step));
         }
-      } else if (!o.baseline_without_agreement) {
-        // The baseline's stand-in for the agreement: the same one small all-reduce.
-        std::vector<at::Tensor> flag{at::zeros({world, 6}, at::kDouble)};
-        all_reduce(flag, "agree", armed);
       }
       if (std::isfinite(l) && std::isfinite(grad_norm)) optimizer.step();
       (armed ? armed_ms : unarmed_ms)

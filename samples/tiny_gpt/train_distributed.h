@@ -44,9 +44,6 @@ struct DistributedTrainOptions {
   // Reduce each parameter's gradient on its own (ReduceBucket per parameter; unarmed: an
   // all-reduce per parameter), as a trainer without bucketing does: a collective-bound step.
   bool reduce_per_param = false;
-  // The unarmed baseline issues a stand-in for the agreement all-reduce (one small all-reduce a
-  // step) unless this is set: then the ratio counts the agreement as armed cost too.
-  bool baseline_without_agreement = false;
 };
 
 // Forks the ranks and waits for them. 0 when every rank finished its steps; 1 when one failed

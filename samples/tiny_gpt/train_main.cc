@@ -424,8 +424,6 @@ int main(int argc, char** argv) {
   train->add_flag("--timing", d.timing, "Distributed: print rank 0's median step time");
   train->add_flag("--reduce-per-param", d.reduce_per_param,
                   "Distributed: one gradient all-reduce per parameter (a collective-bound step)");
-  train->add_flag("--baseline-without-agreement", d.baseline_without_agreement,
-                  "Distributed --timing: the unarmed steps issue no stand-in agreement all-reduce");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
