@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Armed vs unarmed data-parallel step on 2 ranks (c10d's Gloo on 127.0.0.1, one core per rank).
 # Each run alternates blocks of 10 steps: armed (the Monitor with a Distributed attached: the
-# collective ring, the per-step parameter fingerprint, the EndStep agreement all-reduce, gradient
-# health around the reduction) and unarmed (the same collectives straight on the group: the
-# gradient all-reduce and one small all-reduce per step). Within one run both see the same
+# collective ring, the per-step parameter fingerprint, gradient health around the reduction, the
+# agreement rows riding in the step's last reduction) and unarmed (the trainer's gradient
+# all-reduces straight on the group, nothing else). Within one run both see the same
 # machine; step times move by up to 50% from run to run here, more than the difference measured.
 # Prints each run's ratio of medians and the median of the runs' ratios. EXTRA (say
 # --reduce-per-param: one gradient all-reduce per parameter, a collective-bound step) goes to the
