@@ -20,41 +20,21 @@
 #include "capsule/proto/capsule.pb.h"
 #include "capsule/proto/triage.pb.h"
 #include "capsule/ranks/run_analysis.h"
+#include "tests/capture/gloo_ranks.h"
 
 namespace capsule {
 namespace {
 
-// Runs `body(rank, distributed)` on `world` ranks at once, each on its own thread and Gloo group
-// with a `timeout_ms` collective timeout. A body that throws fails the test, unless `may_throw`.
-// `agree`: the EndStep trigger agreement is on.
+// Runs `body(rank, distributed)` on `world` ranks at once (OnGlooRanks) with a `timeout_ms`
+// collective timeout. A body that throws fails the test, unless `may_throw`. `agree`: the
+// EndStep trigger agreement is on.
 void OnRanks(int world, int timeout_ms, const std::function<void(int, Distributed&)>& body,
              bool may_throw = false, bool agree = false) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::mutex mu;
-  std::vector<std::string> errors;
-  auto rank_main = [&](int rank) {
-    try {
-      auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(timeout_ms));
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
-      DistributedOptions d;
-      d.process_group = pg;
-      d.store = store;
-      d.watchdog_seconds = 0;
-      d.agree_on_triggers = agree;
-      auto dist = Distributed::Create(d);
-      ASSERT_TRUE(dist.ok()) << dist.status();
-      body(rank, **dist);
-    } catch (const std::exception& e) {
-      if (may_throw) return;
-      std::lock_guard<std::mutex> lock(mu);
-      errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(rank_main, r);
-  for (std::thread& t : threads) t.join();
-  EXPECT_TRUE(errors.empty()) << errors.front();
+  GlooRanksOptions o;
+  o.timeout_ms = timeout_ms;
+  o.may_throw = may_throw;
+  o.agree = agree;
+  OnGlooRanks(world, o, [&](int rank, const std::shared_ptr<Distributed>& d) { body(rank, *d); });
 }
 
 // A two-layer perceptron, 4 -> 8 -> 2, the same initial weights on every rank.

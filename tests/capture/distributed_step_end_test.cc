@@ -22,37 +22,17 @@
 #include "capsule/capture/distributed.h"
 #include "capsule/capture/monitor.h"
 #include "capsule/proto/capsule.pb.h"
+#include "tests/capture/gloo_ranks.h"
 
 namespace capsule {
 namespace {
 
-// Runs `body(rank, distributed)` on `world` ranks at once, each on its own thread and Gloo group,
-// with the trigger agreement on. A body that throws fails the test.
+// Runs `body(rank, distributed)` on `world` ranks at once (OnGlooRanks), with the trigger
+// agreement on. A body that throws fails the test.
 void OnRanks(int world, const std::function<void(int, std::shared_ptr<Distributed>)>& body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::mutex mu;
-  std::vector<std::string> errors;
-  auto rank_main = [&](int rank) {
-    try {
-      auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(20000));
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
-      DistributedOptions d;
-      d.process_group = pg;
-      d.store = store;
-      d.watchdog_seconds = 0;
-      auto dist = Distributed::Create(d);
-      ASSERT_TRUE(dist.ok()) << dist.status();
-      body(rank, *dist);
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(rank_main, r);
-  for (std::thread& t : threads) t.join();
-  EXPECT_TRUE(errors.empty()) << errors.front();
+  GlooRanksOptions o;
+  o.timeout_ms = 20000;
+  OnGlooRanks(world, o, [&](int rank, const std::shared_ptr<Distributed>& d) { body(rank, d); });
 }
 
 // A perceptron 4 -> 8 -> 2 with a hidden bias: three parameters, the same on every rank.

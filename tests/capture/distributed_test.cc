@@ -20,6 +20,7 @@
 
 #include "capsule/capture/monitor.h"
 #include "capsule/proto/capsule.pb.h"
+#include "tests/capture/gloo_ranks.h"
 
 namespace capsule {
 namespace {
@@ -40,49 +41,32 @@ TEST(Checksum64Test, EveryBitOfEveryByteChangesIt) {
   }
 }
 
-// Runs `body(rank, distributed)` on two ranks at once, each on its own thread and process group.
-// `before_create`, when given, runs on each rank's group before Distributed::Create; `handles`,
-// when given, holds each rank's Distributed while its body runs (for Monitor::AttachDistributed).
+// Runs `body(rank, distributed)` on two ranks at once (OnGlooRanks). `before_create`, when given,
+// runs on each rank's group before Distributed::Create; `handles`, when given, holds each rank's
+// Distributed while its body runs (for Monitor::AttachDistributed); `incidents` collects what
+// each rank's watchdog asked to capture.
 void TwoRanks(const std::function<void(int, Distributed&)>& body, double watchdog_seconds = 0,
               std::vector<std::vector<std::pair<TriggerKind, std::string>>>* incidents = nullptr,
               const std::function<void(int, c10d::ProcessGroupGloo&)>& before_create = nullptr,
               std::vector<std::shared_ptr<Distributed>>* handles = nullptr) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+  GlooRanksOptions o;
+  o.watchdog_seconds = watchdog_seconds;
+  o.watchdog_poll_seconds = 0.05;
+  o.before_create = before_create;
   std::mutex mu;
-  std::vector<std::string> errors;
-  auto rank_main = [&](int rank) {
-    try {
-      auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(10000));
-      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, 2, opts);
-      if (before_create) before_create(rank, *pg);
-      DistributedOptions d;
-      d.process_group = pg;
-      d.store = store;
-      d.watchdog_seconds = watchdog_seconds;
-      d.watchdog_poll_seconds = 0.05;
-      auto dist = Distributed::Create(d);
-      ASSERT_TRUE(dist.ok()) << dist.status();
-      if (incidents != nullptr) {
-        (*dist)->SetIncidentHandler([&, rank](TriggerKind kind, const std::string& reason) {
-          std::lock_guard<std::mutex> lock(mu);
-          (*incidents)[rank].emplace_back(kind, reason);
-          return true;
-        });
-      }
-      if (handles != nullptr) (*handles)[rank] = *dist;
-      body(rank, **dist);
-      if (handles != nullptr) (*handles)[rank].reset();
-      (*dist)->SetIncidentHandler(nullptr);
-    } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      errors.push_back("rank " + std::to_string(rank) + ": " + e.what());
+  OnGlooRanks(2, o, [&](int rank, const std::shared_ptr<Distributed>& dist) {
+    if (incidents != nullptr) {
+      dist->SetIncidentHandler([&, rank](TriggerKind kind, const std::string& reason) {
+        std::lock_guard<std::mutex> lock(mu);
+        (*incidents)[rank].emplace_back(kind, reason);
+        return true;
+      });
     }
-  };
-  std::thread r0(rank_main, 0), r1(rank_main, 1);
-  r0.join();
-  r1.join();
-  EXPECT_TRUE(errors.empty()) << errors.front();
+    if (handles != nullptr) (*handles)[rank] = dist;
+    body(rank, *dist);
+    if (handles != nullptr) (*handles)[rank].reset();
+    dist->SetIncidentHandler(nullptr);
+  });
 }
 
 std::vector<at::Tensor> Params(int rank, double scale) {

@@ -497,20 +497,17 @@ TEST_P(RunAnalysisTest, ARankWhoseDataRanOutOneStepEarlyIsNamed) {
       << r.output;
 }
 
-TEST_P(RunAnalysisTest, ASkippedCollectiveIsNamedWhenTheOthersFailedInIt) {
-  // Rank 1 skipped step 3's "grads" (sequence 6) and issued step 3's capsule.agree as its
-  // sequence 6; the backend failed everyone there, so nobody has a sequence 7. The order the
-  // others issue their calls in within a step says which rank skipped.
-  std::vector<v1::Capsule> run = CleanRun(world());
+// Every rank's collective `index` failed in the backend, except `skipper`'s: it issued the
+// step's capsule.agree there instead (of `numel` elements) and was still waiting in it.
+void FailWhereOneRankIssuedItsAgreement(std::vector<v1::Capsule>& run, int index, int skipper,
+                                        int64_t numel) {
   for (v1::Capsule& c : run) {
-    v1::Distributed& d = *c.mutable_distributed();
-    d.mutable_collectives()->RemoveLast();
-    v1::Collective& k = *d.mutable_collectives(6);
+    v1::Collective& k = *c.mutable_distributed()->mutable_collectives(index);
     k.set_state(v1::FAILED);
     k.set_error("Connection closed by peer");
-    if (c.placement().rank() == 1) {
-      const int64_t numel = world();
+    if (c.placement().rank() == skipper) {
       k.set_tag("capsule.agree");
+      k.set_carries_agreement(false);
       k.set_numel(numel);
       k.mutable_in_shapes(0)->set_dims(0, numel);
       k.mutable_out_shapes(0)->set_dims(0, numel);
@@ -519,6 +516,15 @@ TEST_P(RunAnalysisTest, ASkippedCollectiveIsNamedWhenTheOthersFailedInIt) {
     }
     c.mutable_trigger()->set_kind(v1::COLLECTIVE_ERROR);
   }
+}
+
+TEST_P(RunAnalysisTest, ASkippedCollectiveIsNamedWhenTheOthersFailedInIt) {
+  // Rank 1 skipped step 3's "grads" (sequence 6) and issued step 3's capsule.agree as its
+  // sequence 6; the backend failed everyone there, so nobody has a sequence 7. The order the
+  // others issue their calls in within a step says which rank skipped.
+  std::vector<v1::Capsule> run = CleanRun(world());
+  for (v1::Capsule& c : run) c.mutable_distributed()->mutable_collectives()->RemoveLast();
+  FailWhereOneRankIssuedItsAgreement(run, 6, 1, world());
   const v1::RunTriage t = Analyse(run);
   const v1::TriageFinding& f = Only(t, "hang.skipped_collective");
   EXPECT_EQ(Ranks(f), std::vector<int>{1});
@@ -549,21 +555,8 @@ TEST_P(RunAnalysisTest, ARankThatSkippedTheReductionCarryingTheAgreementIsNamed)
       k->set_carries_agreement(true);
       d.mutable_reductions(step)->set_sequence(step);
     }
-    v1::Collective& k = *d.mutable_collectives(3);
-    k.set_state(v1::FAILED);
-    k.set_error("Connection closed by peer");
-    if (c.placement().rank() == 1) {
-      const int64_t numel = 6 * world();
-      k.set_tag("capsule.agree");
-      k.set_carries_agreement(false);
-      k.set_numel(numel);
-      k.mutable_in_shapes(0)->set_dims(0, numel);
-      k.mutable_out_shapes(0)->set_dims(0, numel);
-      k.set_state(v1::ENQUEUED);
-      k.clear_error();
-    }
-    c.mutable_trigger()->set_kind(v1::COLLECTIVE_ERROR);
   }
+  FailWhereOneRankIssuedItsAgreement(run, 3, 1, 6 * world());
   const v1::RunTriage t = Analyse(run);
   const v1::TriageFinding& f = Only(t, "hang.skipped_collective");
   EXPECT_EQ(Ranks(f), std::vector<int>{1});
