@@ -36,6 +36,8 @@ struct LogAxis {
   }
 };
 
+// The whole decades around the finite positive values: activations and errors span many orders
+// of magnitude, and a blow-up reads as a bar several decades above its neighbours.
 LogAxis MakeLogAxis(const std::vector<double>& values) {
   double mn = 0, mx = 0;
   bool any = false;
@@ -53,6 +55,7 @@ LogAxis MakeLogAxis(const std::vector<double>& values) {
   return a;
 }
 
+// Grid lines and "1eN" labels, at most about eight, on the decades of `a`.
 void LogTicks(std::ostream& out, const LogAxis& a, double top, double height) {
   const int step = std::max(1, (a.hi - a.lo) / 8);
   for (int d = a.lo; d <= a.hi; d += step) {
@@ -71,6 +74,8 @@ void BarLabel(std::ostream& out, double x, double y, const std::string& text) {
       << HtmlEscape(text) << "</text>\n";
 }
 
+// One bar per layer of the forward pass: its largest |activation| on a log scale, red where the
+// layer held a NaN or Inf, so the first bad layer is the first red bar.
 void AbsmaxChart(std::ostream& out, const ReportModel& m) {
   std::vector<const ReportLayerRow*> rows;
   for (const auto& l : m.layers) {
@@ -166,6 +171,8 @@ void HistoryPanel(std::ostream& out, const ReportModel& m, bool loss, double top
   }
 }
 
+// Loss above, gradient norm below, over the steps the capsule recorded, with the trigger step
+// marked: a spike or a run-up before the failure shows as it would on a training dashboard.
 void HistoryChart(std::ostream& out, const ReportModel& m) {
   if (m.history.empty()) return;
   const double plot_h = 120;
@@ -197,6 +204,8 @@ void HistoryChart(std::ostream& out, const ReportModel& m) {
          "step, red points are non-finite.</figcaption></figure>\n";
 }
 
+// The replay's per-layer error between the reference and the optimized path, against the
+// tolerance that judged it: the layer where the error first crosses its bound is the divergence.
 void DivergenceChart(std::ostream& out, const ReportReplay& r) {
   std::vector<const ReportDivergenceRow*> rows;
   for (const auto& l : r.layers) {
@@ -262,6 +271,7 @@ void DivergenceChart(std::ostream& out, const ReportReplay& r) {
                    "rtol.</figcaption></figure>\n");
 }
 
+// Every cell escaped: keys and values come from the capsule, which may be hostile.
 void KeyValueTable(std::ostream& out, const std::vector<ReportKeyValue>& rows) {
   out << "<table class=\"kv\">\n";
   for (const auto& kv : rows) {
@@ -271,6 +281,7 @@ void KeyValueTable(std::ostream& out, const std::vector<ReportKeyValue>& rows) {
   out << "</table>\n";
 }
 
+// The per-layer statistics the charts draw, as numbers (a chart is not searchable or copyable).
 void LayerTable(std::ostream& out, const std::vector<ReportLayerRow>& rows) {
   out << "<table><tr><th>#</th><th>layer</th><th>phase</th><th>numel</th><th>nan</th>"
          "<th>+inf</th><th>-inf</th><th>absmax</th><th>rms</th><th></th></tr>\n";
@@ -303,6 +314,8 @@ svg .trigger{stroke:#d1242f;stroke-dasharray:4 3}svg text.trigger{stroke:none;fi
 
 // One function per section, in page order; each writes nothing when it has nothing to show.
 
+// A self-contained page: inline CSS and SVG only, no script and no outside resource (CSP), so
+// the report opens the same offline and attached to an issue.
 void Head(std::ostream& out, const ReportModel& m) {
   out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
       << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
@@ -324,6 +337,8 @@ void Title(std::ostream& out, const ReportModel& m) {
   out << "<p class=\"summary\"><b>Summary:</b> " << HtmlEscape(m.summary) << "</p>\n";
 }
 
+// Who signed the capsule and how far to trust it, before any of its contents, with what it was
+// made from and what was redacted.
 void Provenance(std::ostream& out, const ReportModel& m) {
   std::vector<ReportKeyValue> head = {{"capsule", m.file_name}};
   if (!m.file_sha256.empty()) head.push_back({"capsule sha256", m.file_sha256});
@@ -360,6 +375,8 @@ void Provenance(std::ostream& out, const ReportModel& m) {
   }
 }
 
+// The replay's verdict, when a replay report was given: diagnosis, fidelity, both paths' losses
+// and the first divergent layer.
 void Diagnosis(std::ostream& out, const ReportModel& m) {
   if (m.replay) {
     const ReportReplay& r = *m.replay;
@@ -452,6 +469,7 @@ void LayerStats(std::ostream& out, const ReportModel& m) {
   }
 }
 
+// The reference/optimized comparison: the chart, then the rows up to the first divergent one.
 void Divergence(std::ostream& out, const ReportModel& m) {
   if (m.replay) {
     const ReportReplay& r = *m.replay;
@@ -554,6 +572,7 @@ void Log(std::ostream& out, const ReportModel& m) {
   }
 }
 
+// The commands that verify and replay this capsule, quoted for a shell.
 void Commands(std::ostream& out, const ReportModel& m) {
   out << "<h2>Verify and replay</h2>\n<pre>" << HtmlEscape(m.verify_command) << "\n"
       << HtmlEscape(m.replay_command) << "</pre>\n";

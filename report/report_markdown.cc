@@ -29,6 +29,7 @@ std::string Fence(const std::string& text) {
   return std::string(std::max<size_t>(3, longest + 1), '`');
 }
 
+// A fence longer than any run of backticks in `raw`, so the capsule's text cannot close it.
 void CodeBlock(std::ostream& out, const std::string& lang, const std::string& raw) {
   const std::string text = Printable(raw, LineBreaks::kKeep);
   const std::string fence = Fence(text);
@@ -46,6 +47,7 @@ void Pre(std::ostream& out, const std::string& text) {
   out << "</pre>\n";
 }
 
+// The per-layer statistics, one row per layer and phase; every cell escaped for Markdown.
 void LayerTable(std::ostream& out, const std::vector<ReportLayerRow>& rows) {
   out << "| # | layer | phase | numel | nan | +inf | -inf | absmax | rms | |\n"
       << "|---:|---|---|---:|---:|---:|---:|---:|---:|---|\n";
@@ -65,6 +67,7 @@ void KeyValueTable(std::ostream& out, const std::vector<ReportKeyValue>& rows) {
   }
 }
 
+// A collapsed <details> block (GitHub and GitLab render it), for sections a reader opens on demand.
 void Details(std::ostream& out, const std::string& summary) {
   out << "<details><summary>" << MarkdownEscape(summary) << "</summary>\n\n";
 }
@@ -106,6 +109,7 @@ void Title(std::ostream& out, const ReportModel& m) {
   out << "**Summary:** " << MarkdownEscape(m.summary) << "\n\n";
 }
 
+// Who signed the capsule and how far to trust it, before any of its contents.
 void Provenance(std::ostream& out, const ReportModel& m) {
   out << "| | |\n|---|---|\n";
   // Not a code span: a name with backticks in it would end the span early.
@@ -142,6 +146,8 @@ void PrivateData(std::ostream& out, const ReportModel& m) {
   out << ". Leave it out with `" << flags::kRedact << " " << items << "`.\n\n";
 }
 
+// The replay's verdict, when a replay report was given: diagnosis, fidelity, both paths' losses
+// and the first divergent layer.
 void Diagnosis(std::ostream& out, const ReportModel& m) {
   if (!m.replay) return;
   const ReportReplay& r = *m.replay;
@@ -239,6 +245,7 @@ void LayerStats(std::ostream& out, const ReportModel& m) {
   }
 }
 
+// The reference/optimized comparison, up to the first divergent layer.
 void Divergence(std::ostream& out, const ReportModel& m) {
   if (!m.replay) return;
   const ReportReplay& r = *m.replay;
@@ -342,6 +349,7 @@ void Log(std::ostream& out, const ReportModel& m) {
   out << "\n</details>\n\n";
 }
 
+// The commands that verify and replay this capsule, quoted for a shell.
 void Commands(std::ostream& out, const ReportModel& m) {
   out << "### Verify and replay\n\n";
   CodeBlock(out, "sh", m.verify_command + "\n" + m.replay_command + "\n");
