@@ -1,6 +1,7 @@
 #include "samples/tiny_gpt/tiny_gpt_config.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -107,6 +108,8 @@ Status TinyGptConfig::Validate() const {
     case FaultKind::kGqaDecodeMap:
     case FaultKind::kDropoutInEval:
     case FaultKind::kLeftPadPositions:
+    case FaultKind::kBf16Merge:
+    case FaultKind::kMergeTwice:
       return ValidateDecodeFault();
     case FaultKind::kEps:
       if (layer != "ln_f" && (!IsBlock(layer) || layer_index(layer) < 0)) {
@@ -128,6 +131,10 @@ Status TinyGptConfig::ValidateInference() const {
   }
   if (!(rope_base > 1.0)) return ConfigError("rope_base must be > 1");
   if (!(rope_scale > 0.0)) return ConfigError("rope_scale must be > 0");
+  if (lora_rank < 0 || lora_rank > d_model) {
+    return ConfigError("lora_rank must be in 0..d_model (" + std::to_string(d_model) + ")");
+  }
+  if (!std::isfinite(lora_alpha)) return ConfigError("lora_alpha must be finite");
   return Status::Ok();
 }
 
@@ -150,6 +157,9 @@ Status TinyGptConfig::ValidateDecodeFault() const {
   if (fault.kind == FaultKind::kDropoutInEval && !(dropout > 0.0)) {
     return ConfigError("fault " + kind + " needs dropout > 0");
   }
+  const bool merge_fault =
+      fault.kind == FaultKind::kBf16Merge || fault.kind == FaultKind::kMergeTwice;
+  if (merge_fault && lora_rank == 0) return ConfigError("fault " + kind + " needs lora_rank > 0");
   return Status::Ok();
 }
 
@@ -173,6 +183,9 @@ std::string TinyGptConfig::ToJson() const {
   if (rope_scale != defaults.rope_scale) w.Add("rope_scale", rope_scale);
   if (n_kv_heads != defaults.n_kv_heads) w.Add("n_kv_heads", n_kv_heads);
   if (pad_mask) w.Add("pad_mask", pad_mask);
+  if (lora_rank != defaults.lora_rank) w.Add("lora_rank", lora_rank);
+  if (lora_alpha != defaults.lora_alpha) w.Add("lora_alpha", lora_alpha);
+  if (lora_seed != defaults.lora_seed) w.Add("lora_seed", lora_seed);
   return w.Finish();
 }
 
@@ -182,7 +195,8 @@ StatusOr<TinyGptConfig> TinyGptConfig::FromJson(std::string_view json) {
       "vocab_size",  "d_model",         "n_heads",        "n_layers",    "seq_len",
       "mlp_mult",    "dropout",         "layer_norm_eps", "seed",        "fault",
       "fault_layer", "fault_from_step", "step",           "fault_armed", "disabled_features",
-      "rope",        "rope_base",       "rope_scale",     "n_kv_heads",  "pad_mask"};
+      "rope",        "rope_base",       "rope_scale",     "n_kv_heads",  "pad_mask",
+      "lora_rank",   "lora_alpha",      "lora_seed"};
   for (const auto& [key, value] : obj) {
     if (kKnown.count(key) == 0) return ConfigError("unknown key \"" + key + "\"");
   }
@@ -208,6 +222,9 @@ StatusOr<TinyGptConfig> TinyGptConfig::FromJson(std::string_view json) {
   CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "rope_scale", internal::GetDouble, &c.rope_scale));
   CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "n_kv_heads", internal::GetInt, &c.n_kv_heads));
   CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "pad_mask", internal::GetBool, &c.pad_mask));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "lora_rank", internal::GetInt, &c.lora_rank));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "lora_alpha", internal::GetDouble, &c.lora_alpha));
+  CAPSULE_RETURN_IF_ERROR(ReadOptional(obj, "lora_seed", internal::GetUint, &c.lora_seed));
   CAPSULE_RETURN_IF_ERROR(c.Validate());
   return c;
 }
