@@ -2,6 +2,7 @@
 // through every layer over a cache of the prompt. The replay runs the FP64 reference over the
 // whole sequence, the decoder twice over the whole schedule (the eval-mode determinism check),
 // and compares every position of every layer and cached tensor.
+// In adapter mode it also merges every adapter and measures each merged weight in FP64.
 //   capsule_bench --benchmark_filter=Parity
 // Counters: decode_step_ms (the unit), parity_x (one RunParity / one decode step).
 #include <ATen/ATen.h>
@@ -40,19 +41,24 @@ double DecodeStepSeconds(IncrementalDecoder& dec, const at::Tensor& ids, int64_t
   return total / kSteps;
 }
 
-// Arg: sequence length; the prompt is half of it.
+// Arg 0: sequence length; the prompt is half of it. Arg 1 (adapter mode): 0 none; 1 a rank-4
+// adapter on every block, merged in float32; 2 the same merged in bfloat16. The unit is then a
+// decode step with the adapter applied at run time.
 void BM_ParityReplay(benchmark::State& state) {
   at::set_num_threads(1);
   at::NoGradGuard no_grad;
   const int64_t t = state.range(0);
+  const int64_t adapter = state.range(1);
   tiny_gpt::TinyGptConfig config;
   config.seq_len = t;
+  if (adapter > 0) config.lora_rank = 4;
   auto model = std::move(*tiny_gpt::TinyGpt::Create(config));
   LayerBatch batch;
   batch.input_ids = at::randint(config.vocab_size, {4, t}, at::kLong);
   batch.training = false;
   ParityOptions options;
   options.prefill = t / 2;
+  if (adapter > 0) options.adapter_merge = adapter == 1 ? at::kFloat : at::kBFloat16;
   const double step_s = DecodeStepSeconds(model->Decoder(), batch.input_ids, t / 2);
   double parity_s = 0;
   int64_t runs = 0;
@@ -61,7 +67,7 @@ void BM_ParityReplay(benchmark::State& state) {
     auto report = RunParity(*model, batch, options);
     parity_s += Seconds(t0);
     ++runs;
-    if (!report.ok() || report->diverged()) {
+    if (!report.ok() || report->diverged() || report->findings_size() > 0) {
       state.SkipWithError("parity failed or diverged on a clean model");
       break;
     }
@@ -70,7 +76,14 @@ void BM_ParityReplay(benchmark::State& state) {
   state.counters["parity_x"] = runs > 0 ? parity_s / runs / step_s : 0;
 }
 
-BENCHMARK(BM_ParityReplay)->Arg(16)->Arg(32)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ParityReplay)
+    ->Args({16, 0})
+    ->Args({32, 0})
+    ->Args({16, 1})
+    ->Args({32, 1})
+    ->Args({32, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace capsule

@@ -23,9 +23,14 @@ Status GenerationInfo::Validate() const {
   if (!(std::isfinite(cache.quant_scale) && cache.quant_scale >= 0)) {
     return InvalidArgumentError("generation: cache quant_scale must be finite and >= 0");
   }
-  if (!IsSha256HexOrEmpty(tokenizer_sha256) || !IsSha256HexOrEmpty(template_sha256)) {
+  if (!IsSha256HexOrEmpty(tokenizer_sha256) || !IsSha256HexOrEmpty(template_sha256) ||
+      !IsSha256HexOrEmpty(adapter_sha256)) {
     return InvalidArgumentError(
-        "generation: tokenizer and template hashes must be empty or 64 lowercase hex characters");
+        "generation: tokenizer, template and adapter hashes must be empty or 64 lowercase hex "
+        "characters");
+  }
+  if (adapter_rank < 0 || !std::isfinite(adapter_alpha)) {
+    return InvalidArgumentError("generation: adapter_rank must be >= 0 and adapter_alpha finite");
   }
   return Status::Ok();
 }

@@ -46,6 +46,9 @@ struct GenerationInfo {
   KvCacheInfo cache;
   bool adapter_merged = false;
   std::string adapter_name;
+  int64_t adapter_rank = 0;  // 0: not recorded
+  double adapter_alpha = 0;  // the delta is adapter_alpha / adapter_rank * B @ A
+  std::string adapter_sha256;
   std::string tokenizer_sha256;  // empty or 64 lowercase hex
   std::string template_sha256;
 

@@ -260,6 +260,10 @@ void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry) {
   cmd->add_option("--chunk", options->chunk,
                   "Parity: prefill chunk size (default: the capsule's, else the whole prefill)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--adapter-merge", options->adapter_merge,
+                  "Parity: merge the model's adapters into their weights in this dtype and check "
+                  "the merge (default: float32 when the capsule records a merged adapter)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd->add_flag("--json", options->json, "Print the result as JSON");
   cmd->callback([options, run, registry, cmd] {
     options->bisect_given = cmd->count("--bisect") > 0;
@@ -301,7 +305,11 @@ StatusOr<ReplayOptions> ReplayOptionsOf(const ReplayCliOptions& o) {
     }
     options.compare.layer_tolerance[name] = tol;
   }
-  options.parity = o.parity || o.prefill > 0 || o.chunk > 0;
+  options.parity = o.parity || o.prefill > 0 || o.chunk > 0 || !o.adapter_merge.empty();
+  if (!o.adapter_merge.empty()) {
+    options.parity_options.adapter_merge =
+        o.adapter_merge == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  }
   options.parity_options.prefill = o.prefill;
   options.parity_options.chunk = o.chunk;
   options.parity_options.compare = options.compare;
@@ -323,6 +331,7 @@ std::string ReplayFlags(const ReplayCliOptions& o) {
   if (o.parity) flags += " --parity";
   if (o.prefill > 0) flags += " --prefill " + std::to_string(o.prefill);
   if (o.chunk > 0) flags += " --chunk " + std::to_string(o.chunk);
+  if (!o.adapter_merge.empty()) flags += " --adapter-merge " + o.adapter_merge;
   return flags;
 }
 
@@ -384,8 +393,9 @@ int RunReplayCommand(const ReplayCliOptions& o, ModelRegistry& registry) {
   } else {
     PrintHuman(*report, std::cout);
   }
-  const bool parity_diverged = report->has_parity() && report->parity().diverged();
-  return report->diagnosis() == v1::NO_DIVERGENCE && !parity_diverged ? kExitOk : kExitFinding;
+  bool parity_finding = report->has_parity() && report->parity().diverged();
+  for (const v1::ParityFinding& f : report->parity().findings()) parity_finding |= f.failed();
+  return report->diagnosis() == v1::NO_DIVERGENCE && !parity_finding ? kExitOk : kExitFinding;
 }
 
 }  // namespace capsule::cli

@@ -39,6 +39,7 @@ struct ReplayCliOptions {
   bool parity = false;                // --parity: whole sequence against the incremental decode
   int64_t prefill = 0;  // --prefill, --chunk: its schedule (0: the capsule's, or half)
   int64_t chunk = 0;
+  std::string adapter_merge;  // --adapter-merge: float32 or bfloat16 (empty: the capsule's)
 };
 void SetupReplayCommand(CLI::App& app, RunFn* run, ModelRegistry* registry);
 int RunReplayCommand(const ReplayCliOptions& options, ModelRegistry& registry);

@@ -285,9 +285,14 @@ Status ValidateGeneration(const v1::Capsule& c) {
   if (!(std::isfinite(g.cache().quant_scale()) && g.cache().quant_scale() >= 0)) {
     return Invalid("generation.cache.quant_scale", "must be finite and >= 0");
   }
+  if (g.adapter_rank() < 0) return Invalid("generation.adapter_rank", "must be >= 0");
+  if (!std::isfinite(g.adapter_alpha())) {
+    return Invalid("generation.adapter_alpha", "must be finite");
+  }
   for (const auto& [where, hash] : {std::pair<const char*, const std::string*>{
                                         "generation.tokenizer_sha256", &g.tokenizer_sha256()},
-                                    {"generation.template_sha256", &g.template_sha256()}}) {
+                                    {"generation.template_sha256", &g.template_sha256()},
+                                    {"generation.adapter_sha256", &g.adapter_sha256()}}) {
     if (!hash->empty() && !IsSha256Hex(*hash)) {
       return Invalid(where, "must be empty or 64 lowercase hex characters");
     }

@@ -19,6 +19,8 @@
 // - ReferenceTrace(i, inputs, batch) is the same for the whole sequence on the REFERENCE path
 //   (FP64, eval mode), from layer i's full-sequence input: cache tensors over every position and
 //   "attn" [B, H, T, T].
+// - Adapters(i) / MergeAdapters(dtype), for a model with low-rank adapters: the REFERENCE path
+//   applies them at run time; merged, the decoder runs with the merged weights Adapters(i) shows.
 //
 //   capsule::IncrementalDecoder& dec = dynamic_cast<capsule::Decodable&>(model).Decoder();
 //   dec.ResetCache();
@@ -34,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,17 @@ struct DecodeStep {
   at::Tensor input_ids;       // int64 [batch, T]: the new tokens
   at::Tensor attention_mask;  // optional [batch, past + T] 0/1 over every position so far
   int64_t past = 0;           // positions already in the cache
+};
+
+// A low-rank (LoRA-style) adapter on one weight of a layer: the layer computes with
+// base + scale * b @ a, the adapter applied at run time or merged into the weight.
+struct LowRankAdapter {
+  std::string weight;  // the adapted parameter, as NamedParameters() names it
+  at::Tensor base;     // [out, in]
+  at::Tensor a;        // [rank, in]
+  at::Tensor b;        // [out, rank]
+  double scale = 1;    // alpha / rank
+  at::Tensor merged;   // the weight the decoder runs with; undefined while applied at run time
 };
 
 class IncrementalDecoder {
@@ -68,6 +82,13 @@ class IncrementalDecoder {
   // eval mode, given layer i's full-sequence input. May throw c10::Error.
   virtual std::vector<NamedTensor> ReferenceTrace(size_t i, const TensorList& inputs,
                                                   const LayerBatch& batch) = 0;
+
+  // Layer i's adapters; none by default.
+  virtual std::vector<LowRankAdapter> Adapters(size_t /*i*/) const { return {}; }
+  // Merges every adapter into its weight, the merged weight stored in `dtype` (inference's
+  // target dtype: at::kFloat, at::kBFloat16); std::nullopt applies them at run time again (the
+  // default state). Adapters() then carries the merged weights. May throw c10::Error.
+  virtual void MergeAdapters(std::optional<at::ScalarType> /*dtype*/) {}
 };
 
 // A model that can decode incrementally (a Model that also derives from this).

@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -287,12 +289,50 @@ void AddParityFinding(v1::ParityReport& r, const char* check, bool failed,
   f->set_threshold(threshold);
 }
 
+// A delta_ratio from here on is a delta counted twice (or more), not a rounded one.
+constexpr double kMergedTwiceRatio = 1.5;
+
+void AddAdapterFinding(v1::ParityReport& r, const char* check, bool failed,
+                       const v1::ParityAdapter& a, int64_t position, double value,
+                       double threshold) {
+  v1::ParityFinding* f = r.add_findings();
+  f->set_check(check);
+  f->set_failed(failed);
+  f->set_layer(a.layer());
+  f->set_position(position);
+  f->set_tensor(a.weight());
+  f->set_value(value);
+  f->set_threshold(threshold);
+}
+
+// The adapter checks of one merged weight, in order; true when one failed. Value: the delta
+// ratio, then the error in units of the merge dtype's epsilon. With only_failures a check that
+// passes adds no finding.
+bool CheckAdapter(v1::ParityReport& r, const v1::ParityAdapter& a, int64_t position,
+                  bool only_failures) {
+  const bool twice = a.delta_ratio() >= kMergedTwiceRatio;
+  if (twice || !only_failures) {
+    AddAdapterFinding(r, kCheckAdapterMergedTwice, twice, a, position, a.delta_ratio(),
+                      kMergedTwiceRatio);
+  }
+  if (twice) return true;
+  const bool rounded = !(a.rounding_eps() <= a.rounding_bound());
+  if (rounded || !only_failures) {
+    AddAdapterFinding(r, kCheckAdapterRounding, rounded, a, position, a.rounding_eps(),
+                      a.rounding_bound());
+  }
+  return rounded;
+}
+
 // The checks, in order, at the first divergence; the first that fails names the cause and ends
 // the list. Value: the tensor's first divergent position (its cache slot), or for eval.dropout
 // the spread between the two runs; threshold: the bound that position or spread is held to.
 void RunChecks(v1::ParityReport& r, double spread) {
   const int32_t layer = r.first_divergent_layer_index();
   const int64_t at = r.first_divergent_position();
+  for (const v1::ParityAdapter& a : r.adapters()) {
+    if (a.layer_index() == layer && CheckAdapter(r, a, at, /*only_failures=*/false)) return;
+  }
   AddParityFinding(r, kCheckEvalDropout, spread > 0, nullptr, spread, 0);
   if (spread > 0) return;
   for (int32_t i = 0; i <= layer; ++i) {
@@ -324,8 +364,79 @@ void RunChecks(v1::ParityReport& r, double spread) {
   AddParityFinding(r, kCheckLayerOutput, true, nullptr, r.worst_ratio(), 1);
 }
 
+double Epsilon(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble:
+      return std::numeric_limits<double>::epsilon();
+    case at::kFloat:
+      return std::numeric_limits<float>::epsilon();
+    case at::kBFloat16:
+      return 0.0078125;  // 2^-7: 8 significand bits
+    case at::kHalf:
+      return 0.0009765625;  // 2^-10
+    default:
+      return 0;
+  }
+}
+
+// Every merged weight of the decoder, measured (adapter mode).
+Status MeasureAdapters(IncrementalDecoder& dec, at::ScalarType dtype, v1::ParityReport& report) {
+  report.set_adapter_merge_dtype(c10::toString(dtype));
+  for (size_t i = 0; i < dec.size(); ++i) {
+    for (const LowRankAdapter& adapter : dec.Adapters(i)) {
+      CAPSULE_ASSIGN_OR_RETURN(AdapterMergeError e, MeasureAdapterMerge(adapter, dtype));
+      v1::ParityAdapter* a = report.add_adapters();
+      a->set_layer_index(static_cast<int32_t>(i));
+      a->set_layer(dec.name(i));
+      a->set_weight(adapter.weight);
+      a->set_rank(adapter.a.size(0));
+      a->set_scale(adapter.scale);
+      a->set_delta_ratio(e.delta_ratio);
+      a->set_max_abs_err(e.max_abs_err);
+      a->set_rounding_eps(e.rounding_eps);
+      a->set_eps(e.eps);
+      a->set_rounding_bound(e.bound);
+    }
+  }
+  return Status::Ok();
+}
+
+// Merges the decoder's adapters for the run and applies them at run time again after it.
+class MergedAdapters {
+ public:
+  MergedAdapters(IncrementalDecoder& dec, std::optional<at::ScalarType> dtype)
+      : dec_(dec), on_(dtype.has_value()) {
+    if (on_) dec_.MergeAdapters(dtype);
+  }
+  ~MergedAdapters() {
+    try {
+      if (on_) dec_.MergeAdapters(std::nullopt);
+    } catch (const c10::Error&) {  // NOLINT(bugprone-empty-catch): nothing to restore then
+    }
+  }
+  MergedAdapters(const MergedAdapters&) = delete;
+  MergedAdapters& operator=(const MergedAdapters&) = delete;
+
+ private:
+  IncrementalDecoder& dec_;
+  bool on_;
+};
+
+bool HasAdapters(const IncrementalDecoder& dec) {
+  for (size_t i = 0; i < dec.size(); ++i) {
+    if (!dec.Adapters(i).empty()) return true;
+  }
+  return false;
+}
+
 Status RunParityChecked(Model& model, IncrementalDecoder& dec, const LayerBatch& batch,
-                        const ParityOptions& options, v1::ParityReport& report) {
+                        const ParityOptions& given, v1::ParityReport& report) {
+  // In adapter mode the merge dtype's tolerance, unless one is given.
+  ParityOptions options = given;
+  if (options.adapter_merge && !options.compare.tolerance) {
+    options.compare.tolerance = DefaultTolerance(*options.adapter_merge);
+  }
+  const at::ScalarType judged = options.adapter_merge.value_or(dec.compute_dtype());
   const int64_t t = batch.input_ids.size(1);
   const int64_t prefill = options.prefill > 0 ? options.prefill : std::max<int64_t>(1, t / 2);
   const int64_t chunk = options.chunk > 0 ? std::min(options.chunk, prefill) : prefill;
@@ -335,8 +446,8 @@ Status RunParityChecked(Model& model, IncrementalDecoder& dec, const LayerBatch&
   s->set_prefill(prefill);
   s->set_chunk(chunk);
   s->set_steps(static_cast<int64_t>(steps.size()));
-  const Tolerance tol = ResolveTolerance(options.compare, "", dec.compute_dtype());
-  report.mutable_tolerance()->set_dtype(c10::toString(dec.compute_dtype()));
+  const Tolerance tol = ResolveTolerance(options.compare, "", judged);
+  report.mutable_tolerance()->set_dtype(c10::toString(judged));
   report.mutable_tolerance()->set_atol(tol.atol);
   report.mutable_tolerance()->set_rtol(tol.rtol);
   report.set_first_divergent_layer_index(-1);
@@ -345,6 +456,10 @@ Status RunParityChecked(Model& model, IncrementalDecoder& dec, const LayerBatch&
   LayerBatch eval = batch;
   eval.training = false;
   const ReferenceRun ref = RunReference(model.Path(PathKind::kReference), eval, dec.size());
+  const MergedAdapters merged(dec, options.adapter_merge);
+  if (options.adapter_merge) {
+    CAPSULE_RETURN_IF_ERROR(MeasureAdapters(dec, *options.adapter_merge, report));
+  }
   const auto [first, second] = RunDecoderTwice(dec, ref, eval, steps);
   CAPSULE_RETURN_IF_ERROR(CompareOutputs(dec, ref, first, options, prefill, report));
   for (size_t i = 0; i < dec.size(); ++i) {
@@ -354,7 +469,11 @@ Status RunParityChecked(Model& model, IncrementalDecoder& dec, const LayerBatch&
   double spread = 0;
   for (size_t i = 0; i < dec.size(); ++i) spread = std::max(spread, RunSpread(first[i], second[i]));
   report.set_nondeterministic(spread > 0);
-  if (!report.diverged()) return Status::Ok();
+  if (!report.diverged()) {
+    // A merged weight can be wrong within the tolerance of a coarse dtype.
+    for (const v1::ParityAdapter& a : report.adapters()) CheckAdapter(report, a, 0, true);
+    return Status::Ok();
+  }
   NameFirstCachedTensor(report);
   const int32_t layer = report.first_divergent_layer_index();
   RunChecks(report, RunSpread(first[layer], second[layer]));
@@ -362,6 +481,47 @@ Status RunParityChecked(Model& model, IncrementalDecoder& dec, const LayerBatch&
 }
 
 }  // namespace
+
+StatusOr<AdapterMergeError> MeasureAdapterMerge(const LowRankAdapter& adapter,
+                                                at::ScalarType dtype) {
+  const at::Tensor& w = adapter.base;
+  const at::Tensor& a = adapter.a;
+  const at::Tensor& b = adapter.b;
+  const bool fits = w.defined() && a.defined() && b.defined() && w.dim() == 2 && a.dim() == 2 &&
+                    b.dim() == 2 && a.size(1) == w.size(1) && b.size(0) == w.size(0) &&
+                    b.size(1) == a.size(0);
+  if (!fits) {
+    return InvalidArgumentError("adapter on " + adapter.weight +
+                                ": needs base [out, in], a [rank, in] and b [out, rank]");
+  }
+  if (!adapter.merged.defined() || adapter.merged.sizes() != w.sizes()) {
+    return InvalidArgumentError("adapter on " + adapter.weight +
+                                ": no merged weight of the base's shape");
+  }
+  if (Epsilon(dtype) == 0) {
+    return InvalidArgumentError(std::string("adapter merge dtype must be floating, got ") +
+                                c10::toString(dtype));
+  }
+  at::NoGradGuard no_grad;
+  const at::Tensor base = w.detach().to(at::kDouble);
+  const at::Tensor ad = a.detach().to(at::kDouble);
+  const at::Tensor bd = b.detach().to(at::kDouble);
+  const at::Tensor delta = adapter.scale * at::matmul(bd, ad);
+  const at::Tensor merged = adapter.merged.detach().to(at::kDouble);
+  const at::Tensor err =
+      (merged - (base + delta)).abs().nan_to_num(std::numeric_limits<double>::infinity());
+  const at::Tensor magnitude =
+      base.abs() + std::abs(adapter.scale) * at::matmul(bd.abs(), ad.abs());
+  AdapterMergeError e;
+  const double norm2 = (delta * delta).sum().item<double>();
+  e.delta_ratio = norm2 > 0 ? ((merged - base) * delta).sum().item<double>() / norm2 : 0;
+  e.max_abs_err = err.max().item<double>();
+  e.eps = Epsilon(dtype);
+  e.rounding_eps =
+      (err / (e.eps * magnitude + std::numeric_limits<double>::min())).max().item<double>();
+  e.bound = static_cast<double>(a.size(0) + 2);
+  return e;
+}
 
 StatusOr<v1::ParityReport> RunParity(Model& model, const LayerBatch& batch,
                                      const ParityOptions& options) {
@@ -378,6 +538,14 @@ StatusOr<v1::ParityReport> RunParity(Model& model, const LayerBatch& batch,
     return InvalidArgumentError("parity: prefill must be in 0.." + std::to_string(t) +
                                 " and chunk >= 0, got prefill " + std::to_string(options.prefill) +
                                 ", chunk " + std::to_string(options.chunk));
+  }
+  if (options.adapter_merge && !at::isFloatingType(*options.adapter_merge)) {
+    return InvalidArgumentError(
+        std::string("parity: the adapter merge dtype must be floating, got ") +
+        c10::toString(*options.adapter_merge));
+  }
+  if (options.adapter_merge && !HasAdapters(decodable->Decoder())) {
+    return InvalidArgumentError("parity: adapter merge asked for, but the model has no adapter");
   }
   v1::ParityReport report;
   try {

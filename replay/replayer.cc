@@ -951,6 +951,12 @@ Status MaybeRunParity(const v1::Capsule& c, Model& model, const LayerBatch& eval
   ParityOptions parity = options.parity_options;
   if (parity.prefill == 0) parity.prefill = c.generation().prompt_length();
   if (parity.chunk == 0) parity.chunk = c.generation().prefill_chunk();
+  auto* decodable = dynamic_cast<Decodable*>(&model);
+  if (!parity.adapter_merge && c.generation().adapter_merged() && decodable != nullptr) {
+    for (size_t i = 0; i < decodable->Decoder().size(); ++i) {
+      if (!decodable->Decoder().Adapters(i).empty()) parity.adapter_merge = at::kFloat;
+    }
+  }
   CAPSULE_ASSIGN_OR_RETURN(*report.mutable_parity(), RunParity(model, eval, parity));
   return Status::Ok();
 }

@@ -95,6 +95,8 @@ struct ReplayOptions {
   // generation section, whose prompt_length and prefill_chunk give the prefill and chunk unless
   // parity_options sets them (nonzero). Its tolerances are parity_options.compare's.
   bool parity = false;
+  // Adapter mode (ParityOptions::adapter_merge) when set; unset, it is float32 for a capsule
+  // whose generation section says the adapter was merged and a model whose decoder has adapters.
   ParityOptions parity_options;
 };
 

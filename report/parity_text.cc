@@ -37,6 +37,15 @@ const v1::ParityFinding* FailedFinding(const v1::ParityReport& r) {
 std::string ParityCheckSentence(const v1::ParityFinding& f) {
   const std::string at = " in " + f.layer() + " at position " + std::to_string(f.position());
   const std::string& c = f.check();
+  if (c == "adapter.merged_twice") {
+    return c + ": the merged weight " + f.tensor() + at + " holds " + Num(f.value()) +
+           "x the adapter's delta (1 for a merge): the merge was applied twice";
+  }
+  if (c == "adapter.merge_rounding") {
+    return c + ": the merged weight " + f.tensor() + at + " is off base + delta by " +
+           Num(f.value()) + " epsilons of its dtype (a merge in that dtype stays within " +
+           Num(f.threshold()) + "): the merge was rounded in a coarser dtype";
+  }
   if (c == "eval.dropout") {
     return c + ": two eval-mode runs differ by up to " + Num(f.value()) +
            ": something random (dropout) is on while decoding";
@@ -74,9 +83,10 @@ std::string ParitySentence(const v1::ParityReport& r) {
   const std::string how =
       " (" + ScheduleText(r.schedule()) + "; " + ToleranceText(r.tolerance()) + ")";
   if (!r.diverged()) {
+    const v1::ParityFinding* f = FailedFinding(r);
     return "no divergence: the incremental decode matches the whole-sequence forward at every "
            "position and layer" +
-           how;
+           how + (f != nullptr ? "; but " + ParityCheckSentence(*f) : "");
   }
   std::string text = "decode departs from the whole-sequence forward at position " +
                      std::to_string(r.first_divergent_position()) + ", layer " +

@@ -2,6 +2,7 @@
 // protobuf's JSON mapping.
 
 #include "capsule/format/json.h"
+#include "capsule/proto/parity.pb.h"
 #include "capsule/proto/report.pb.h"
 #include "capsule/report/report.h"
 
@@ -46,6 +47,7 @@ void FillReplay(const ReportReplay& r, Json::Replay* o) {
   o->set_fidelity_detail(r.fidelity_detail);
   o->set_captured_value(r.captured_value);
   o->set_replayed_value(r.replayed_value);
+  if (r.parity) *o->mutable_parity() = *r.parity;
   SetIfPresent(r.first_divergent_layer, [o](const auto& v) { o->set_first_divergent_layer(v); });
   SetIfPresent(r.first_divergent_phase, [o](const auto& v) { o->set_first_divergent_phase(v); });
   o->set_optimized_loss(r.optimized_loss);

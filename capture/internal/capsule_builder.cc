@@ -513,6 +513,9 @@ void FillGeneration(const GenerationInfo& g, v1::Generation& out) {
   k.set_quant_scale(g.cache.quant_scale);
   out.set_adapter_merged(g.adapter_merged);
   out.set_adapter_name(g.adapter_name);
+  out.set_adapter_rank(g.adapter_rank);
+  out.set_adapter_alpha(g.adapter_alpha);
+  out.set_adapter_sha256(g.adapter_sha256);
   out.set_tokenizer_sha256(g.tokenizer_sha256);
   out.set_template_sha256(g.template_sha256);
 }

@@ -466,7 +466,8 @@ class Monitor:
         carries ``generation``, and ``capsule replay`` checks the model's incremental decode
         against its whole-sequence forward. Fields: prompt_length, prefill_chunk, temperature,
         top_k, top_p, seed, stop_tokens, cache_layout, cache_dtype, post_rotation_keys,
-        quant_scale, adapter_merged, adapter_name, tokenizer_sha256, template_sha256. No fields:
+        quant_scale, adapter_merged, adapter_name, adapter_rank, adapter_alpha, adapter_sha256,
+        tokenizer_sha256, template_sha256. No fields:
         training steps again. ValueError for a field out of range, TypeError for an unknown one."""
         self._m.set_generation(fields)
 

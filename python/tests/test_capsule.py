@@ -122,7 +122,8 @@ def test_a_generation_step_capsule_carries_its_generation_section(tmp_path, keys
         monitor.set_generation(temprature=0.5)
     monitor.set_generation(prompt_length=5, prefill_chunk=2, temperature=0.7, top_k=40,
                            stop_tokens=[10, 13], cache_layout="batch,heads,position,head_dim",
-                           post_rotation_keys=True, adapter_merged=True)
+                           post_rotation_keys=True, adapter_merged=True, adapter_rank=4,
+                           adapter_alpha=8.0, adapter_sha256="ab" * 32)
     x, y, cursor = loader.next()
     with monitor.step(0, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:
         s.capture_now("generation")
@@ -132,6 +133,7 @@ def test_a_generation_step_capsule_carries_its_generation_section(tmp_path, keys
     assert g["prompt_length"] == "5" and g["prefill_chunk"] == "2"
     assert g["sampling"]["top_k"] == 40 and g["sampling"]["stop_tokens"] == ["10", "13"]
     assert g["cache"]["post_rotation_keys"] and g["adapter_merged"]
+    assert g["adapter_rank"] == "4" and g["adapter_alpha"] == 8 and g["adapter_sha256"] == "ab" * 32
     # Without fields, the steps are training steps again (a step past the rate limit's window).
     monitor.set_generation()
     with monitor.step(1000, batch={"input_ids": x, "labels": y}, cursor=cursor) as s:

@@ -52,6 +52,9 @@ void FillGeneration(v1::Generation* gen) {
   gen->mutable_cache()->set_quant_scale(0.5);
   gen->set_adapter_merged(true);
   gen->set_adapter_name("golden-lora");
+  gen->set_adapter_rank(8);
+  gen->set_adapter_alpha(16);
+  gen->set_adapter_sha256(*Sha256Hex("golden adapter"));
   gen->set_tokenizer_sha256(*Sha256Hex("golden tokenizer"));
   gen->set_template_sha256(*Sha256Hex("golden template"));
 }

@@ -10,7 +10,7 @@
 namespace capsule::tiny_gpt {
 namespace {
 
-constexpr std::array<std::pair<FaultKind, const char*>, 24> kKindNames = {{
+constexpr std::array<std::pair<FaultKind, const char*>, 26> kKindNames = {{
     {FaultKind::kNone, "none"},
     {FaultKind::kNan, "nan"},
     {FaultKind::kSoftmaxOverflow, "softmax-overflow"},
@@ -35,6 +35,8 @@ constexpr std::array<std::pair<FaultKind, const char*>, 24> kKindNames = {{
     {FaultKind::kGqaDecodeMap, "gqa-decode-map"},
     {FaultKind::kLeftPadPositions, "left-pad-positions"},
     {FaultKind::kDropoutInEval, "dropout-in-eval"},
+    {FaultKind::kBf16Merge, "bf16-merge"},
+    {FaultKind::kMergeTwice, "merge-twice"},
 }};
 
 bool KindNeedsLayer(FaultKind kind) {
@@ -63,8 +65,8 @@ StatusOr<FaultKind> ParseFaultKind(std::string_view name) {
       "' (use none, nan, softmax-overflow, tail-block, eps, bad-data, bad-batch, transient, "
       "loss-sum, labels-unshifted, disconnected, pad-in-loss, accum-scale, frozen-updated, "
       "decay-on-norm, step-on-overflow, clip-before-unscale, gelu-grad, mask-offset, "
-      "rope-decode-position, rerotated-key, gqa-decode-map, left-pad-positions or "
-      "dropout-in-eval)");
+      "rope-decode-position, rerotated-key, gqa-decode-map, left-pad-positions, "
+      "dropout-in-eval, bf16-merge or merge-twice)");
 }
 
 std::string FaultSpec::ToString() const {

@@ -42,6 +42,10 @@
 //                     cache length, counting the left padding the prompt's position ids skipped
 //   dropout-in-eval   [dropout > 0] the block applies its residual dropout in every step after the
 //                     first although the decoder runs in eval mode
+//   bf16-merge        [lora_rank > 0] the block's adapter is merged into its weight in bfloat16
+//                     and stored so (the merged weight rounded) whatever dtype the merge targets
+//   merge-twice       [lora_rank > 0] the block's adapter delta is added to its weight twice
+//                     when merged
 // The trainer's own faults (train_main.cc), from the step on; the model is unchanged by them:
 //   pad-in-loss       padded positions keep a label (the pad id) and loss mask 1, so padding is
 //                     counted in the loss (the trainer pads its batches with this fault)
@@ -98,14 +102,16 @@ enum class FaultKind {
   kRerotatedKey,
   kGqaDecodeMap,
   kLeftPadPositions,
-  kDropoutInEval
+  kDropoutInEval,
+  kBf16Merge,
+  kMergeTwice
 };
 
 // "none", "nan", "softmax-overflow", "tail-block", "eps", "bad-data", "transient", "loss-sum",
 // "labels-unshifted", "bad-batch", "disconnected", "pad-in-loss", "accum-scale",
 // "frozen-updated", "decay-on-norm", "step-on-overflow", "clip-before-unscale", "gelu-grad",
 // "mask-offset", "rope-decode-position", "rerotated-key", "gqa-decode-map", "left-pad-positions",
-// "dropout-in-eval".
+// "dropout-in-eval", "bf16-merge", "merge-twice".
 const char* FaultKindName(FaultKind kind);
 StatusOr<FaultKind> ParseFaultKind(std::string_view name);
 

@@ -159,7 +159,8 @@ class TinyGpt::ReferencePath : public LayerSequence {
     const at::Tensor attn =
         at::matmul(ReferenceCausalSoftmax(a.scores, head_scale * gain), a.v_heads);
     const at::Tensor y =
-        x + Dropout(at::linear(internal::MergeHeads(attn), AsDouble(p.proj_w), AsDouble(p.proj_b)),
+        x + Dropout(internal::AdaptedLinear(internal::MergeHeads(attn), p.proj_w, p.proj_b,
+                                            p.lora_a, p.lora_b, c.lora_scale()),
                     c.dropout, batch);
 
     const at::Tensor h2 =
@@ -289,7 +290,9 @@ class TinyGpt::OptimizedPath : public LayerSequence {
     const at::Tensor attn =
         at::matmul(Softmax(a.scores, head_scale * gain, softmax_defects), a.v_heads);
     const at::Tensor y =
-        x + Dropout(at::linear(internal::MergeHeads(attn), p.proj_w, p.proj_b), c.dropout, batch);
+        x + Dropout(internal::AdaptedLinear(internal::MergeHeads(attn), p.proj_w, p.proj_b,
+                                            p.lora_a, p.lora_b, c.lora_scale()),
+                    c.dropout, batch);
 
     const at::Tensor h2 = LayerNorm(y, p.ln2_w, p.ln2_b, eps, {});
     const at::Tensor mlp =
@@ -408,6 +411,8 @@ TinyGpt::TinyGpt(const TinyGptConfig& config) : config_(config) {
     add(layer, prefix + "mlp.fc2.bias", p.fc2_b);
   }
 
+  InitAdapters();
+
   ln_f_weight_ = ones({d});
   ln_f_bias_ = zeros({d});
   add(c.n_layers + 1, "ln_f.weight", ln_f_weight_);
@@ -421,6 +426,20 @@ TinyGpt::TinyGpt(const TinyGptConfig& config) : config_(config) {
 }
 
 TinyGpt::~TinyGpt() = default;
+
+// A trained adapter's B is not zero (only a fresh one's is): A ~ N(0, 1/d), B ~ N(0, 0.05^2), so
+// the delta is of the order of the weight it adapts. A generator of its own keeps the model's
+// weights what they are without an adapter.
+void TinyGpt::InitAdapters() {
+  const TinyGptConfig& c = config_;
+  if (c.lora_rank == 0) return;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(c.lora_seed);
+  const double a_std = 1.0 / std::sqrt(static_cast<double>(c.d_model));
+  for (Block& p : blocks_) {
+    p.lora_a = at::empty({c.lora_rank, c.d_model}, at::kFloat).normal_(0.0, a_std, gen);
+    p.lora_b = at::empty({c.d_model, c.lora_rank}, at::kFloat).normal_(0.0, 0.05, gen);
+  }
+}
 
 std::vector<NamedTensor> TinyGpt::ReferenceTrace(size_t i, const TensorList& inputs,
                                                  const LayerBatch& batch) {

@@ -9,7 +9,9 @@
 //   OPTIMIZED  FP32 with the hand-written fused kernels of ops.h (layer norm, causal softmax,
 //   GELU),
 //              and the place where injected faults (faults.h) live.
-// On a clean model the two agree to FP32 rounding, layer by layer, forward and backward.
+// On a clean model the two agree to FP32 rounding, layer by layer, forward and backward. With
+// TinyGptConfig::lora_rank each block's attention output projection has a low-rank adapter, not
+// a parameter, that both paths apply at run time and the decoder can merge (MergeAdapters).
 //
 //   CAPSULE_ASSIGN_OR_RETURN(std::unique_ptr<TinyGpt> model, TinyGpt::Create(TinyGptConfig{}));
 //   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
@@ -115,6 +117,8 @@ class TinyGpt : public Model, public Decodable {
   std::vector<NamedTensor> ReferenceTrace(size_t i, const TensorList& inputs,
                                           const LayerBatch& batch);
   std::unique_ptr<IncrementalDecoder> MakeDecodePath();
+  // Draws every block's adapter from lora_seed (none when lora_rank is 0).
+  void InitAdapters();
 
   TinyGptConfig config_;
   int64_t step_ = 0;

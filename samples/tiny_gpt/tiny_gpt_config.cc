@@ -1,6 +1,7 @@
 #include "samples/tiny_gpt/tiny_gpt_config.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -95,6 +96,8 @@ Status TinyGptConfig::Validate() const {
     case FaultKind::kGqaDecodeMap:
     case FaultKind::kDropoutInEval:
     case FaultKind::kLeftPadPositions:
+    case FaultKind::kBf16Merge:
+    case FaultKind::kMergeTwice:
       return ValidateDecodeFault();
     case FaultKind::kEps:
       if (layer != "ln_f" && (!IsBlock(layer) || layer_index(layer) < 0)) {
@@ -116,6 +119,10 @@ Status TinyGptConfig::ValidateInference() const {
   }
   if (!(rope_base > 1.0)) return ConfigError("rope_base must be > 1");
   if (!(rope_scale > 0.0)) return ConfigError("rope_scale must be > 0");
+  if (lora_rank < 0 || lora_rank > d_model) {
+    return ConfigError("lora_rank must be in 0..d_model (" + std::to_string(d_model) + ")");
+  }
+  if (!std::isfinite(lora_alpha)) return ConfigError("lora_alpha must be finite");
   return Status::Ok();
 }
 
@@ -138,6 +145,9 @@ Status TinyGptConfig::ValidateDecodeFault() const {
   if (fault.kind == FaultKind::kDropoutInEval && !(dropout > 0.0)) {
     return ConfigError("fault " + kind + " needs dropout > 0");
   }
+  const bool merge_fault =
+      fault.kind == FaultKind::kBf16Merge || fault.kind == FaultKind::kMergeTwice;
+  if (merge_fault && lora_rank == 0) return ConfigError("fault " + kind + " needs lora_rank > 0");
   return Status::Ok();
 }
 
@@ -162,6 +172,9 @@ SpecConfig TinyGptConfig::ToSpecConfig() const {
   if (rope_scale != defaults.rope_scale) c.Set("rope_scale", rope_scale);
   if (n_kv_heads != defaults.n_kv_heads) c.Set("n_kv_heads", n_kv_heads);
   if (pad_mask) c.Set("pad_mask", pad_mask);
+  if (lora_rank != defaults.lora_rank) c.Set("lora_rank", lora_rank);
+  if (lora_alpha != defaults.lora_alpha) c.Set("lora_alpha", lora_alpha);
+  if (lora_seed != defaults.lora_seed) c.Set("lora_seed", lora_seed);
   return c;
 }
 
@@ -178,7 +191,8 @@ StatusOr<TinyGptConfig> TinyGptConfig::FromSpecConfig(const SpecConfig& s) {
       "vocab_size",  "d_model",         "n_heads",        "n_layers",    "seq_len",
       "mlp_mult",    "dropout",         "layer_norm_eps", "seed",        "fault",
       "fault_layer", "fault_from_step", "step",           "fault_armed", "disabled_features",
-      "rope",        "rope_base",       "rope_scale",     "n_kv_heads",  "pad_mask"};
+      "rope",        "rope_base",       "rope_scale",     "n_kv_heads",  "pad_mask",
+      "lora_rank",   "lora_alpha",      "lora_seed"};
   for (const std::string& key : s.Keys()) {
     if (kKnown.count(key) == 0) return ConfigError("unknown key \"" + key + "\"");
   }
@@ -208,6 +222,9 @@ StatusOr<TinyGptConfig> TinyGptConfig::FromSpecConfig(const SpecConfig& s) {
     CAPSULE_ASSIGN_OR_RETURN(c.rope_scale, s.GetDouble("rope_scale", c.rope_scale));
     CAPSULE_ASSIGN_OR_RETURN(c.n_kv_heads, s.GetInt("n_kv_heads", c.n_kv_heads));
     CAPSULE_ASSIGN_OR_RETURN(c.pad_mask, s.GetBool("pad_mask", c.pad_mask));
+    CAPSULE_ASSIGN_OR_RETURN(c.lora_rank, s.GetInt("lora_rank", c.lora_rank));
+    CAPSULE_ASSIGN_OR_RETURN(c.lora_alpha, s.GetDouble("lora_alpha", c.lora_alpha));
+    CAPSULE_ASSIGN_OR_RETURN(c.lora_seed, s.GetUint("lora_seed", c.lora_seed));
     return Status::Ok();
   }();
   if (!read.ok()) return ConfigError(std::string(read.message()));

@@ -43,8 +43,16 @@ struct TinyGptConfig {
   // Reads LayerBatch::attention_mask (and DecodeStep's): padded keys are hidden and position ids
   // count real tokens only, so a left-padded prompt sees the positions an unpadded one does.
   bool pad_mask = false;
+  // A low-rank adapter on every block's attention output projection (attn.proj): the blocks
+  // compute with W + (lora_alpha / lora_rank) * B @ A, A [rank, d] and B [d, rank] drawn from
+  // lora_seed. It is an artifact of its own (TinyGpt::AdapterSha256), not a trained parameter;
+  // the decoder can merge it into the weight (IncrementalDecoder::MergeAdapters). 0: none.
+  int64_t lora_rank = 0;
+  double lora_alpha = 8.0;
+  uint64_t lora_seed = 0;
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  double lora_scale() const { return lora_rank > 0 ? lora_alpha / lora_rank : 0.0; }
 
   // kInvalidArgument when a field is out of range or the fault names a layer the model lacks or
   // where that kind has no effect.

@@ -2,11 +2,14 @@
 // mode. Each block caches the position ids, the rotated keys and the values of every token it has
 // seen ([B, H_kv, past, dh]); a step's queries attend to the cache and to themselves, the causal
 // mask shifted by the cache's length. The decode faults of faults.h switch on in steps after the
-// first (past > 0), where a whole-sequence forward never goes.
+// first (past > 0), where a whole-sequence forward never goes. The blocks' adapters run as the
+// training paths run them, or merged into the weight (MergeAdapters), where the merge faults live.
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "samples/tiny_gpt/internal/attention.h"
 #include "samples/tiny_gpt/internal/block.h"
@@ -60,6 +63,29 @@ class TinyGpt::DecodePath : public IncrementalDecoder {
   std::vector<NamedTensor> ReferenceTrace(size_t i, const TensorList& inputs,
                                           const LayerBatch& batch) override {
     return m_.ReferenceTrace(i, inputs, batch);
+  }
+
+  std::vector<LowRankAdapter> Adapters(size_t i) const override {
+    const int64_t layer = static_cast<int64_t>(i);
+    if (layer < 1 || layer > m_.config_.n_layers) return {};
+    const TinyGpt::Block& p = m_.blocks_[layer - 1];
+    if (!p.lora_a.defined()) return {};
+    LowRankAdapter a;
+    a.weight = m_.config_.layer_name(layer) + ".attn.proj.weight";
+    a.base = p.proj_w.detach();
+    a.a = p.lora_a;
+    a.b = p.lora_b;
+    a.scale = m_.config_.lora_scale();
+    if (static_cast<size_t>(layer - 1) < merged_.size()) a.merged = merged_[layer - 1];
+    return {a};
+  }
+
+  void MergeAdapters(std::optional<at::ScalarType> dtype) override {
+    merged_.clear();
+    if (!dtype) return;
+    for (int64_t layer = 1; layer <= m_.config_.n_layers; ++layer) {
+      merged_.push_back(Merge(layer, *dtype));
+    }
   }
 
  private:
@@ -143,8 +169,7 @@ class TinyGpt::DecodePath : public IncrementalDecoder {
     // mask-offset: the causal mask of a step that starts at position 0.
     const int64_t offset = m_.FaultActive(FaultKind::kMaskOffset, layer) ? 0 : step.past;
     cache.attn = internal::OffsetCausalSoftmax(scores, head_scale, offset);
-    const at::Tensor attn =
-        at::linear(internal::MergeHeads(at::matmul(cache.attn, v)), p.proj_w, p.proj_b);
+    const at::Tensor attn = Project(layer, p, internal::MergeHeads(at::matmul(cache.attn, v)));
     const bool dropout = later && m_.FaultActive(FaultKind::kDropoutInEval, layer);
     const at::Tensor y = x + (dropout ? EvalDropout(attn) : attn);
     const at::Tensor h2 = FusedLayerNorm(y, p.ln2_w, p.ln2_b, c.layer_norm_eps);
@@ -157,8 +182,33 @@ class TinyGpt::DecodePath : public IncrementalDecoder {
     return x * at::empty_like(x).bernoulli_(1.0 - p) / (1.0 - p);
   }
 
+  // W + scale * B @ A, computed and stored in `dtype`. bf16-merge: in bfloat16, whatever the
+  // dtype asked for; merge-twice: the delta added a second time.
+  at::Tensor Merge(int64_t layer, at::ScalarType dtype) {
+    const TinyGpt::Block& p = m_.blocks_[layer - 1];
+    if (!p.lora_a.defined()) return {};
+    at::NoGradGuard no_grad;
+    const at::ScalarType in = m_.FaultActive(FaultKind::kBf16Merge, layer) ? at::kBFloat16 : dtype;
+    const at::Tensor delta = (at::matmul(p.lora_b, p.lora_a) * m_.config_.lora_scale()).to(in);
+    at::Tensor w = p.proj_w.detach().to(in) + delta;
+    if (m_.FaultActive(FaultKind::kMergeTwice, layer)) w = w + delta;
+    return w.to(dtype);
+  }
+
+  // The attention output projection: the merged weight once MergeAdapters ran, else the adapter
+  // applied at run time (FP32).
+  at::Tensor Project(int64_t layer, const TinyGpt::Block& p, const at::Tensor& x) const {
+    const size_t b = static_cast<size_t>(layer - 1);
+    if (b < merged_.size() && merged_[b].defined()) {
+      return at::linear(x, merged_[b].to(x.scalar_type()), p.proj_b);
+    }
+    return internal::AdaptedLinear(x, p.proj_w, p.proj_b, p.lora_a, p.lora_b,
+                                   m_.config_.lora_scale());
+  }
+
   TinyGpt& m_;
   std::vector<LayerCache> cache_;
+  std::vector<at::Tensor> merged_;  // per block, while merged (MergeAdapters)
 };
 
 std::unique_ptr<IncrementalDecoder> TinyGpt::MakeDecodePath() {

@@ -146,6 +146,17 @@ const Rule kRules[] = {
     {"GenerationTokenizerHashNotHex",
      [](v1::Capsule* c) { c->mutable_generation()->set_tokenizer_sha256("XYZ"); },
      "generation.tokenizer_sha256: must be empty or 64 lowercase hex characters"},
+    {"GenerationAdapterHashNotHex",
+     [](v1::Capsule* c) { c->mutable_generation()->set_adapter_sha256("XYZ"); },
+     "generation.adapter_sha256: must be empty or 64 lowercase hex characters"},
+    {"GenerationAdapterRankNegative",
+     [](v1::Capsule* c) { c->mutable_generation()->set_adapter_rank(-4); },
+     "generation.adapter_rank: must be >= 0"},
+    {"GenerationAdapterAlphaInfinite",
+     [](v1::Capsule* c) {
+       c->mutable_generation()->set_adapter_alpha(std::numeric_limits<double>::infinity());
+     },
+     "generation.adapter_alpha: must be finite"},
     {"WriterVersionUnset", [](v1::Capsule* c) { c->clear_writer_version(); },
      "writer_version: must be set"},
     {"CreatedTimeZero", [](v1::Capsule* c) { c->set_created_unix_micros(0); },

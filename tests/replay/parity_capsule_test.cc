@@ -166,6 +166,65 @@ TEST(ParityCapsule, CleanGenerationCapsulesOfTwoShapesHaveNoDivergence) {
   }
 }
 
+// A generation step of a model with a low-rank adapter, recorded as merged.
+GenerationInfo MergedAdapterGeneration(int64_t prompt) {
+  GenerationInfo g = Generation(prompt);
+  g.adapter_merged = true;
+  g.adapter_name = "proj-lora";
+  g.adapter_rank = 4;
+  g.adapter_alpha = 8;
+  g.adapter_sha256 = std::string(64, 'a');
+  return g;
+}
+
+TinyGptConfig AdapterShape(uint64_t seed) {
+  TinyGptConfig c = Shape(seed);
+  c.lora_rank = 4;
+  c.lora_alpha = 8;
+  return c;
+}
+
+TEST(ParityCapsule, ACapsuleWithAMergedAdapterReplaysInAdapterMode) {
+  for (uint64_t seed : {1, 2}) {
+    TempDir dir;
+    TinyGptConfig config = AdapterShape(seed);
+    config.fault = {FaultKind::kMergeTwice, "blocks.1", 0};
+    const v1::Capsule c = Read(RecordGeneration(config, MergedAdapterGeneration(6), dir.path()));
+    EXPECT_TRUE(c.generation().adapter_merged());
+    EXPECT_EQ(c.generation().adapter_rank(), 4);
+    EXPECT_EQ(c.generation().adapter_alpha(), 8);
+    EXPECT_EQ(c.generation().adapter_sha256(), std::string(64, 'a'));
+    const v1::ReplayReport r = Replay(c);
+    ASSERT_TRUE(r.has_parity());
+    const v1::ParityReport& p = r.parity();
+    EXPECT_EQ(p.adapter_merge_dtype(), "Float");
+    EXPECT_TRUE(p.diverged());
+    EXPECT_EQ(p.first_divergent_position(), 0);
+    EXPECT_EQ(p.first_divergent_layer(), "blocks.1");
+    ASSERT_GT(p.findings_size(), 0);
+    EXPECT_EQ(p.findings(p.findings_size() - 1).check(), kCheckAdapterMergedTwice);
+  }
+  // Not recorded as merged: the decoder applies the adapter at run time, as the fault needs not.
+  TempDir dir;
+  TinyGptConfig config = AdapterShape(1);
+  config.fault = {FaultKind::kMergeTwice, "blocks.1", 0};
+  const v1::ReplayReport r = Replay(Read(RecordGeneration(config, Generation(6), dir.path())));
+  EXPECT_TRUE(r.parity().adapter_merge_dtype().empty());
+  EXPECT_FALSE(r.parity().diverged());
+}
+
+TEST(ParityCapsule, SetGenerationRefusesABadAdapterRecord) {
+  Monitor monitor(MonitorOptions{});
+  GenerationInfo g = MergedAdapterGeneration(4);
+  g.adapter_rank = -1;
+  EXPECT_EQ(monitor.SetGeneration(g).code(), StatusCode::kInvalidArgument);
+  g = MergedAdapterGeneration(4);
+  g.adapter_sha256 = "XYZ";
+  const Status s = monitor.SetGeneration(g);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("adapter hashes must be empty or 64"), std::string::npos) << s;
+}
+
 struct CommandResult {
   int status = -1;
   std::string output;
@@ -201,6 +260,31 @@ TEST(ParityCapsule, CommandLinePrintsTheVerdictAndTableAndExitsOne) {
   r = RunCli("replay " + file + plugin + " --allow-unsigned --prefill 10 --json");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("\"first_divergent_position\":\"10\""), std::string::npos) << r.output;
+}
+
+// In bfloat16 the doubled delta can stay within the activations' tolerance; the weights show it,
+// and the command exits 1 on it.
+TEST(ParityCapsule, CommandLineAdapterMergeInBf16NamesAMergeCountedTwice) {
+  TempDir dir;
+  TinyGptConfig config = AdapterShape(1);
+  config.fault = {FaultKind::kMergeTwice, "blocks.0", 0};
+  const std::string file = RecordGeneration(config, Generation(6), dir.path());
+  const std::string plugin = std::string(" --plugin ") + CAPSULE_TINY_GPT_PLUGIN_PATH;
+  CommandResult r =
+      RunCli("replay " + file + plugin + " --allow-unsigned --adapter-merge bfloat16");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("BFloat16 tolerance"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("adapter.merged_twice: the merged weight blocks.0.attn.proj.weight in "
+                          "blocks.0 at position 0 holds 2"),
+            std::string::npos)
+      << r.output;
+  r = RunCli("replay " + file + plugin + " --allow-unsigned --adapter-merge float16");
+  EXPECT_EQ(r.status, 2) << r.output;
+  // A model without an adapter is refused.
+  const std::string plain = RecordGeneration(Shape(1), Generation(6), dir.path());
+  r = RunCli("replay " + plain + plugin + " --allow-unsigned --adapter-merge float32");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("the model has no adapter"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -106,10 +106,45 @@ TEST(ParityText, ReportsShowTheSentenceTableAndChartEscaped) {
   EXPECT_TRUE(Has(md, "### Inference parity")) << md;
   EXPECT_TRUE(Has(md, "412  DIVERGED")) << md;
   EXPECT_FALSE(Has(md, "<script>")) << md;
+  const std::string json = RenderJson(m);
+  EXPECT_TRUE(Has(json, "\"parity\":{\"schedule\":{")) << json;
+  EXPECT_TRUE(Has(json, "\"first_divergent_layer\":\"blocks.1\"")) << json;
+  EXPECT_TRUE(Has(json, "\"check\":\"attention.causal_mask_offset\"")) << json;
   // Without a parity result there is no section.
   replay.clear_parity();
-  EXPECT_FALSE(Has(RenderHtml(BuildReportModel(golden::MakeFullCapsule(), envelope, &replay, {})),
-                   "Inference parity"));
+  const ReportModel none = BuildReportModel(golden::MakeFullCapsule(), envelope, &replay, {});
+  EXPECT_FALSE(Has(RenderHtml(none), "Inference parity"));
+  EXPECT_FALSE(Has(RenderJson(none), "\"parity\"")) << RenderJson(none);
+}
+
+// Adapter mode: each adapter check's sentence carries its numbers, and a failed one is said
+// even when no activation departs.
+TEST(ParityText, AdapterChecksAreSaidWithTheirNumbers) {
+  v1::ParityReport r = Diverged();
+  r.clear_findings();
+  v1::ParityFinding* f = r.add_findings();
+  f->set_check("adapter.merge_rounding");
+  f->set_failed(true);
+  f->set_layer("blocks.1");
+  f->set_tensor("blocks.1.attn.proj.weight");
+  f->set_value(31000);
+  f->set_threshold(6);
+  std::string s = ParitySentence(r);
+  EXPECT_TRUE(Has(s,
+                  "adapter.merge_rounding: the merged weight blocks.1.attn.proj.weight in "
+                  "blocks.1 at position 0 is off base + delta by 3.1e+04 epsilons of its dtype "
+                  "(a merge in that dtype stays within 6)"))
+      << s;
+  r.set_diverged(false);
+  f->set_check("adapter.merged_twice");
+  f->set_value(2);
+  f->set_threshold(1.5);
+  s = ParitySentence(r);
+  EXPECT_TRUE(Has(s, "no divergence")) << s;
+  EXPECT_TRUE(Has(s, "; but adapter.merged_twice: the merged weight blocks.1.attn.proj.weight"))
+      << s;
+  EXPECT_TRUE(Has(s, "holds 2x the adapter's delta (1 for a merge): the merge was applied twice"))
+      << s;
 }
 
 }  // namespace

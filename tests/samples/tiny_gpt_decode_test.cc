@@ -193,6 +193,63 @@ TEST(Decoder, MaskOffsetFaultChangesOnlyDecodedPositions) {
   EXPECT_GT(MaxScaledError(decoded.slice(1, 7, 8), full.slice(1, 7, 8)), 1e-2);
 }
 
+TinyGptConfig WithAdapter(TinyGptConfig c) {
+  c.lora_rank = 4;
+  c.lora_alpha = 16;
+  c.lora_seed = 9;
+  return c;
+}
+
+TEST(Adapter, RoundTripsThroughJsonAndItsFaultsNeedIt) {
+  TinyGptConfig c = WithAdapter(RotaryGrouped());
+  c.fault = {FaultKind::kMergeTwice, "blocks.1", 0};
+  const std::string json = c.ToJson();
+  EXPECT_NE(json.find("\"lora_rank\":4,\"lora_alpha\":16,\"lora_seed\":9"), std::string::npos)
+      << json;
+  StatusOr<TinyGptConfig> back = TinyGptConfig::FromJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ToJson(), json);
+  EXPECT_EQ(back->lora_scale(), 4.0);
+  for (const char* json : {R"({"fault":"bf16-merge","fault_layer":"blocks.0"})",
+                           R"({"fault":"merge-twice","fault_layer":"blocks.0"})"}) {
+    StatusOr<TinyGptConfig> bad = TinyGptConfig::FromJson(json);
+    ASSERT_FALSE(bad.ok()) << json;
+    EXPECT_NE(bad.status().message().find("needs lora_rank > 0"), std::string::npos)
+        << bad.status();
+  }
+  EXPECT_FALSE(TinyGptConfig::FromJson(R"({"lora_rank":-1})").ok());
+  for (const char* text : {"bf16-merge:blocks.1@0", "merge-twice:blocks.0@3"}) {
+    StatusOr<FaultSpec> spec = ParseFaultSpec(text);
+    ASSERT_TRUE(spec.ok()) << text;
+    EXPECT_EQ(spec->ToString(), text);
+  }
+}
+
+// The adapter is applied at run time by both training paths and by the decoder, which then
+// reproduces the whole-sequence logits, as it does with the adapter merged in float32.
+TEST(Adapter, ChangesTheLogitsAndEveryPathAgrees) {
+  for (const TinyGptConfig& base : {TinyGptConfig{}, RotaryGrouped()}) {
+    const TinyGptConfig c = WithAdapter(base);
+    std::unique_ptr<TinyGpt> plain = MakeModel(base);
+    std::unique_ptr<TinyGpt> model = MakeModel(c);
+    const LayerBatch batch = PaddedBatch(c, 12);
+    const at::Tensor ref = FullLogits(*model, PathKind::kReference, batch);
+    const at::Tensor opt = FullLogits(*model, PathKind::kOptimized, batch);
+    EXPECT_LT(MaxScaledError(opt, ref), 1e-5);
+    EXPECT_GT(MaxScaledError(FullLogits(*plain, PathKind::kReference, batch), ref), 1e-2);
+    // Not a parameter: the base weights are those of the model without it.
+    EXPECT_EQ(model->NamedParameters().size(), plain->NamedParameters().size());
+    EXPECT_LT(MaxScaledError(DecodeLogits(*model, batch, 5), opt), 1e-5);
+    model->Decoder().MergeAdapters(at::kFloat);
+    EXPECT_LT(MaxScaledError(DecodeLogits(*model, batch, 5), opt), 1e-5);
+    ASSERT_EQ(model->Decoder().Adapters(1).size(), 1u);
+    EXPECT_TRUE(model->Decoder().Adapters(1)[0].merged.defined());
+    EXPECT_TRUE(model->Decoder().Adapters(0).empty());
+    model->Decoder().MergeAdapters(std::nullopt);
+    EXPECT_FALSE(model->Decoder().Adapters(1)[0].merged.defined());
+  }
+}
+
 TEST(Decoder, RefusesAStepThatDoesNotContinueTheCache) {
   std::unique_ptr<TinyGpt> model = MakeModel(TinyGptConfig{});
   IncrementalDecoder& dec = model->Decoder();

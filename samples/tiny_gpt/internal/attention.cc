@@ -73,4 +73,12 @@ at::Tensor MergeHeads(const at::Tensor& x) {
   return x.transpose(1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
 }
 
+at::Tensor AdaptedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                         const at::Tensor& a, const at::Tensor& b, double scale) {
+  const at::Tensor y = at::linear(x, w.to(x.scalar_type()), bias.to(x.scalar_type()));
+  if (!a.defined()) return y;
+  const at::Tensor low = at::linear(x, a.to(x.scalar_type()));
+  return y + scale * at::linear(low, b.to(x.scalar_type()));
+}
+
 }  // namespace capsule::tiny_gpt::internal

@@ -53,6 +53,11 @@ at::Tensor OffsetCausalSoftmax(const at::Tensor& scores, double scale, int64_t o
 // [B, H, T, dh] -> [B, T, H dh].
 at::Tensor MergeHeads(const at::Tensor& x);
 
+// x @ w^T + bias, plus scale * (x @ a^T) @ b^T when a [rank, in] is defined: a low-rank adapter
+// (b [out, rank]) applied at run time. Computes in x's dtype.
+at::Tensor AdaptedLinear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                         const at::Tensor& a, const at::Tensor& b, double scale);
+
 }  // namespace capsule::tiny_gpt::internal
 
 #endif  // CAPSULE_SAMPLES_TINY_GPT_INTERNAL_ATTENTION_H_

@@ -16,6 +16,8 @@ struct TinyGpt::Block {
   at::Tensor qkv_w, qkv_b;    // [d + 2 kv, d], [d + 2 kv]: rows are q, then k, then v (kv =
                               // n_kv_heads * d / n_heads: d without grouped-query attention)
   at::Tensor proj_w, proj_b;  // [d, d], [d]
+  // proj's low-rank adapter (TinyGptConfig::lora_rank): [rank, d], [d, rank]; undefined without.
+  at::Tensor lora_a, lora_b;
   at::Tensor ln2_w, ln2_b;
   at::Tensor fc1_w, fc1_b;  // [mlp_mult*d, d]
   at::Tensor fc2_w, fc2_b;  // [d, mlp_mult*d]
