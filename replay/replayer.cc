@@ -26,6 +26,7 @@
 #include "capsule/replay/extract.h"
 #include "capsule/replay/internal/capsule_inputs.h"
 #include "capsule/replay/internal/diagnosis.h"
+#include "capsule/replay/internal/generation_checks.h"
 #include "capsule/replay/internal/triage.h"
 #include "capsule/snapshot/checkpoint.h"
 #include "capsule/snapshot/internal/environment.h"
@@ -958,6 +959,7 @@ Status MaybeRunParity(const v1::Capsule& c, Model& model, const LayerBatch& eval
     }
   }
   CAPSULE_ASSIGN_OR_RETURN(*report.mutable_parity(), RunParity(model, eval, parity));
+  internal::AddGenerationSettingChecks(c, eval.input_ids, report.mutable_parity());
   return Status::Ok();
 }
 

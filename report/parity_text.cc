@@ -46,6 +46,20 @@ std::string ParityCheckSentence(const v1::ParityFinding& f) {
            Num(f.value()) + " epsilons of its dtype (a merge in that dtype stays within " +
            Num(f.threshold()) + "): the merge was rounded in a coarser dtype";
   }
+  if (c == "tokenizer.training_vs_inference" || c == "template.training_vs_inference" ||
+      c == "adapter.training_vs_inference") {
+    return c + ": the generation step's " + f.tensor() +
+           " (its SHA-256) is not the one the training run recorded";
+  }
+  if (c == "stop_token.ignored") {
+    return c + ": stop token " + Num(f.value()) + " generated at position " +
+           std::to_string(f.position()) +
+           " and decoding went on: the stop list is not honoured, or not the model's";
+  }
+  if (c == "cache.quant_scale") {
+    return c + ": a " + f.tensor() + " cache with quantisation scale " + Num(f.value()) +
+           ": a quantised cache needs a positive scale, and a float cache none";
+  }
   if (c == "eval.dropout") {
     return c + ": two eval-mode runs differ by up to " + Num(f.value()) +
            ": something random (dropout) is on while decoding";
