@@ -19,11 +19,11 @@ std::string TrainingSha256(const v1::Capsule& c, const std::string& role) {
   return "";
 }
 
-v1::ParityFinding* Add(v1::ParityReport* r, const std::string& check, bool failed,
-                       const std::string& read) {
+// A failed check's finding (a setting that holds adds none, as a clean decode adds none).
+v1::ParityFinding* Fail(v1::ParityReport* r, const std::string& check, const std::string& read) {
   v1::ParityFinding* f = r->add_findings();
   f->set_check(check);
-  f->set_failed(failed);
+  f->set_failed(true);
   f->set_tensor(read);
   return f;
 }
@@ -42,8 +42,9 @@ void CheckSameFiles(const v1::Capsule& c, v1::ParityReport* r) {
   };
   for (const auto& p : pairs) {
     const std::string training = TrainingSha256(c, p.role);
-    if (training.empty() || p.inference.empty()) continue;
-    Add(r, p.check, training != p.inference, p.role);
+    if (!training.empty() && !p.inference.empty() && training != p.inference) {
+      Fail(r, p.check, p.role);
+    }
   }
 }
 
@@ -69,8 +70,9 @@ void CheckStopTokens(const v1::Capsule& c, const at::Tensor& input_ids, v1::Pari
     }
     if (first >= 0) break;
   }
-  v1::ParityFinding* f = Add(r, "stop_token.ignored", first >= 0, "input_ids");
-  f->set_position(first >= 0 ? first : 0);
+  if (first < 0) return;
+  v1::ParityFinding* f = Fail(r, "stop_token.ignored", "input_ids");
+  f->set_position(first);
   f->set_value(static_cast<double>(token));
   f->set_threshold(static_cast<double>(prompt));
 }
@@ -83,8 +85,7 @@ void CheckCacheScale(const v1::Capsule& c, v1::ParityReport* r) {
                                                    "float8_e4m3fn", "float8_e5m2", "fp8"};
   const bool quantised = kQuantised.count(k.dtype()) != 0;
   const bool failed = quantised ? !(k.quant_scale() > 0) : k.quant_scale() != 0;
-  v1::ParityFinding* f = Add(r, "cache.quant_scale", failed, k.dtype());
-  f->set_value(k.quant_scale());
+  if (failed) Fail(r, "cache.quant_scale", k.dtype())->set_value(k.quant_scale());
 }
 
 }  // namespace

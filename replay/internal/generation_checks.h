@@ -1,7 +1,7 @@
 // The generation section's recorded settings, checked against what the training run recorded and
 // against the tokens themselves: the parity checks a decode's numbers cannot show (the tokens
-// replay as recorded, whatever tokenizer made them). Each check that has both sides to compare adds
-// a ParityFinding (passed or failed) after the numeric ones; a check without its data adds none.
+// replay as recorded, whatever tokenizer made them). Each check that fails adds a failed
+// ParityFinding after the numeric ones; one that holds, or lacks a side to compare, adds none.
 //
 //   AddGenerationSettingChecks(capsule, batch.input_ids, report.mutable_parity());
 //

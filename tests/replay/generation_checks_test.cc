@@ -1,6 +1,6 @@
 // The generation section's recorded settings (replay/internal/generation_checks.h): each check
-// fires on a hand-built capsule that breaks it, stays quiet on the near miss, and adds nothing
-// when a side of its comparison was not recorded.
+// fires on a hand-built capsule that breaks it, and adds nothing on the near miss or when a side
+// of its comparison was not recorded.
 #include "capsule/replay/internal/generation_checks.h"
 
 #include <ATen/ATen.h>
@@ -45,8 +45,7 @@ TEST(GenerationChecks, ATokenizerOrTemplateOtherThanTrainingsIsNamed) {
   AddGenerationSettingChecks(c, at::Tensor(), &r);
   ASSERT_NE(Find(r, "tokenizer.training_vs_inference"), nullptr);
   EXPECT_TRUE(Find(r, "tokenizer.training_vs_inference")->failed());
-  ASSERT_NE(Find(r, "template.training_vs_inference"), nullptr);
-  EXPECT_FALSE(Find(r, "template.training_vs_inference")->failed());
+  EXPECT_EQ(Find(r, "template.training_vs_inference"), nullptr);  // the same template
   // No adapter recorded on either side: nothing to compare, no finding.
   EXPECT_EQ(Find(r, "adapter.training_vs_inference"), nullptr);
   const std::string text = ParitySentence(r);
@@ -84,8 +83,7 @@ TEST(GenerationChecks, AStopTokenFollowedByMoreTokensIsNamedAtItsPosition) {
   // The near miss: the stop is the last token generated.
   v1::ParityReport ok;
   AddGenerationSettingChecks(c, at::tensor({1, 7, 2, 4, 5, 7}, at::kLong).reshape({1, 6}), &ok);
-  ASSERT_NE(Find(ok, "stop_token.ignored"), nullptr);
-  EXPECT_FALSE(Find(ok, "stop_token.ignored")->failed());
+  EXPECT_EQ(Find(ok, "stop_token.ignored"), nullptr);
 }
 
 TEST(GenerationChecks, AQuantisedCacheNeedsItsScaleAndAFloatCacheHasNone) {
@@ -105,8 +103,8 @@ TEST(GenerationChecks, AQuantisedCacheNeedsItsScaleAndAFloatCacheHasNone) {
     v1::ParityReport r;
     AddGenerationSettingChecks(c, at::Tensor(), &r);
     const v1::ParityFinding* f = Find(r, "cache.quant_scale");
-    ASSERT_NE(f, nullptr) << k.dtype;
-    EXPECT_EQ(f->failed(), k.failed) << k.dtype << " " << k.scale;
+    EXPECT_EQ(f != nullptr, k.failed) << k.dtype << " " << k.scale;
+    if (f != nullptr) EXPECT_TRUE(f->failed());
   }
 }
 
