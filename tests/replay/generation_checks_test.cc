@@ -104,7 +104,9 @@ TEST(GenerationChecks, AQuantisedCacheNeedsItsScaleAndAFloatCacheHasNone) {
     AddGenerationSettingChecks(c, at::Tensor(), &r);
     const v1::ParityFinding* f = Find(r, "cache.quant_scale");
     EXPECT_EQ(f != nullptr, k.failed) << k.dtype << " " << k.scale;
-    if (f != nullptr) EXPECT_TRUE(f->failed());
+    if (f != nullptr) {
+      EXPECT_TRUE(f->failed());
+    }
   }
 }
 
